@@ -1,0 +1,276 @@
+"""The `gateway` command line. Every command that prints a record takes --json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from datetime import UTC, datetime
+
+import orjson
+
+from gateway import keys
+from gateway.config import ConfigError, load_config
+from gateway.money import format_amount, parse_amount
+from gateway.secretfile import load_or_create_secret
+from storage import (
+    KeyRecord,
+    ProjectRecord,
+    RecordNotFound,
+    StateConflict,
+    StorageError,
+    open_storage,
+)
+from storage.base import new_id, now_s
+
+
+class CliError(Exception):
+    pass
+
+
+def _iso(ts: int | None) -> str | None:
+    return (
+        None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    )
+
+
+def _amount(micros: int | None) -> str | None:
+    return None if micros is None else format_amount(micros)
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parse_amount_arg(text: str) -> int:
+    try:
+        return parse_amount(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parse_time(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def project_view(project: ProjectRecord) -> dict:
+    return {
+        "id": project.id,
+        "name": project.name,
+        "state": project.state,
+        "monthly_budget": _amount(project.monthly_budget),
+        "rpm": project.rpm,
+        "allow_models": project.allow_models,
+        "exclude_models": project.exclude_models,
+        "created_at": _iso(project.created_at),
+    }
+
+
+def key_view(key: KeyRecord, now: float) -> dict:
+    expired = key.expires_at is not None and key.expires_at <= now
+    return {
+        "id": key.id,
+        "prefix": key.prefix,
+        "project": key.project_id,
+        "scopes": sorted(key.scopes),
+        "models": key.models,
+        "monthly_limit": _amount(key.monthly_limit),
+        "expires_at": _iso(key.expires_at),
+        "rpm": key.rpm,
+        "state": "expired" if key.state == "usable" and expired else key.state,
+        "created_at": _iso(key.created_at),
+    }
+
+
+async def _with_storage(config, action):
+    storage = await open_storage(config.storage_url)
+    try:
+        return await action(storage)
+    finally:
+        await storage.close()
+
+
+async def projects_create(args, config, storage) -> dict:
+    project = ProjectRecord(
+        id=new_id("prj"),
+        name=args.name,
+        monthly_budget=args.budget,
+        rpm=args.rpm,
+        allow_models=_csv(args.allow_models),
+        exclude_models=_csv(args.exclude_models) or [],
+        created_at=now_s(),
+    )
+    return project_view(await storage.create_project(project))
+
+
+async def projects_show(args, config, storage) -> dict:
+    project = await storage.get_project(args.id)
+    if project is None:
+        raise CliError(f"no project {args.id}")
+    return project_view(project)
+
+
+async def projects_archive(args, config, storage) -> dict:
+    return project_view(await storage.archive_project(args.id))
+
+
+async def keys_create(args, config, storage) -> dict:
+    try:
+        scopes = keys.parse_scopes(args.scopes)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    pepper = load_or_create_secret(config.path(config.secrets.key_pepper_file))
+    secret = keys.generate_key()
+    record = KeyRecord(
+        id=new_id("key"),
+        prefix=keys.public_prefix(secret),
+        key_hash=keys.hash_key(pepper, secret),
+        project_id=args.project,
+        scopes=scopes,
+        models=_csv(args.models),
+        monthly_limit=args.monthly_limit,
+        expires_at=args.expires_at,
+        rpm=args.rpm,
+        created_at=now_s(),
+    )
+    view = key_view(await storage.create_key(record), now_s())
+    return {"key": secret, **view}
+
+
+async def keys_revoke(args, config, storage) -> dict:
+    return key_view(await storage.revoke_key(args.prefix), now_s())
+
+
+async def keys_show(args, config, storage) -> dict:
+    key = await storage.get_key(args.prefix)
+    if key is None:
+        raise CliError(f"no key {args.prefix}")
+    return key_view(key, now_s())
+
+
+def serve(args, config) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(config),
+        host=args.host or config.server.host,
+        port=args.port or config.server.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="A metered, verifiable model gateway."
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="config file (default: $GATEWAY_CONFIG or ./config.toml)")
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("serve", parents=[common], help="run the API")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(run=serve)
+
+    projects = commands.add_parser("projects", help="manage projects").add_subparsers(
+        dest="action", required=True
+    )
+    p = projects.add_parser("create", parents=[common])
+    p.add_argument("name")
+    p.add_argument("--budget", type=_parse_amount_arg, help="monthly budget, e.g. 25.00")
+    p.add_argument("--rpm", type=_positive_int)
+    p.add_argument("--allow-models", help="comma-separated allowlist")
+    p.add_argument("--exclude-models", help="comma-separated exclusions")
+    p.set_defaults(action_fn=projects_create)
+    p = projects.add_parser("show", parents=[common])
+    p.add_argument("id")
+    p.set_defaults(action_fn=projects_show)
+    p = projects.add_parser("archive", parents=[common])
+    p.add_argument("id")
+    p.set_defaults(action_fn=projects_archive)
+
+    keys_cmd = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="action", required=True
+    )
+    p = keys_cmd.add_parser("create", parents=[common])
+    p.add_argument("--project", required=True)
+    p.add_argument(
+        "--scopes", required=True, help="comma-separated: inference,sandboxes,receipts,agents"
+    )
+    p.add_argument("--models", help="comma-separated models the key may use")
+    p.add_argument("--monthly-limit", type=_parse_amount_arg)
+    p.add_argument("--expires-at", type=_parse_time, help="ISO 8601, e.g. 2027-01-01T00:00:00Z")
+    p.add_argument("--rpm", type=_positive_int)
+    p.set_defaults(action_fn=keys_create)
+    p = keys_cmd.add_parser("revoke", parents=[common])
+    p.add_argument("prefix")
+    p.set_defaults(action_fn=keys_revoke)
+    p = keys_cmd.add_parser("show", parents=[common])
+    p.add_argument("prefix")
+    p.set_defaults(action_fn=keys_show)
+    return parser
+
+
+def _print(record: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(orjson.dumps(record).decode() + "\n")
+        return
+    for name, value in record.items():
+        shown = ",".join(value) if isinstance(value, list) else ("-" if value is None else value)
+        print(f"{name}: {shown}")
+
+
+def _fail(message: str, as_json: bool, kind: str) -> int:
+    if as_json:
+        sys.stdout.write(
+            orjson.dumps({"error": {"type": kind, "message": message}}).decode() + "\n"
+        )
+    print(f"gateway: {message}", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    as_json = getattr(args, "json", False)
+    try:
+        config = load_config(args.config)
+        if hasattr(args, "run"):
+            return args.run(args, config)
+        record = asyncio.run(
+            _with_storage(config, lambda storage: args.action_fn(args, config, storage))
+        )
+    except ConfigError as exc:
+        return _fail(str(exc), as_json, "invalid_request")
+    except RecordNotFound as exc:
+        return _fail(str(exc), as_json, "not_found")
+    except StateConflict as exc:
+        return _fail(str(exc), as_json, "conflict")
+    except CliError as exc:
+        return _fail(str(exc), as_json, "invalid_request")
+    except StorageError as exc:
+        return _fail(f"storage failure: {exc}", as_json, "internal_error")
+    _print(record, as_json)
+    return 0

@@ -1,0 +1,36 @@
+"""Exact money: integers of micro-units on every path, decimal strings on the wire."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+MICROS_PER_UNIT = 1_000_000
+
+
+def parse_amount(value: str | int | float | Decimal) -> int:
+    """A wire amount ("12.5", 12.5, 12) to micro-units; more than 6 decimals is an error."""
+    if isinstance(value, bool):
+        raise ValueError("an amount must be a number or a decimal string")
+    try:
+        # str() first: a JSON float like 0.1 becomes "0.1", not its binary expansion.
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f"not a decimal amount: {value!r}") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"an amount must be a finite, non-negative number: {value!r}")
+    micros = amount * MICROS_PER_UNIT
+    if micros != micros.to_integral_value():
+        raise ValueError(f"an amount has at most 6 decimals: {value!r}")
+    return int(micros)
+
+
+def format_amount(micros: int) -> str:
+    """Micro-units to a decimal string with 6 decimals, e.g. 120 -> "0.000120"."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), MICROS_PER_UNIT)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def cost_of_tokens(tokens: int, price_per_mtok: int) -> int:
+    """Micro-units for `tokens` at a price in micro-units per million tokens, rounded up."""
+    return -(-tokens * price_per_mtok // 1_000_000)

@@ -1,0 +1,47 @@
+"""Request decoding with msgspec, and msgspec's error paths in the spec's `param` form."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+
+from gateway.errors import InvalidRequest
+
+T = TypeVar("T")
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
+
+
+def param_path(message: str) -> str | None:
+    """'... - at `$.messages[0].content`' -> 'messages.0.content'; a missing field is appended."""
+    at = _AT.search(message)
+    path = at.group("path") if at else ""
+    parts = [p for p in re.split(r"[.\[\]]+", path) if p]
+    missing = _MISSING.match(message)
+    if missing:
+        parts.append(missing.group("field"))
+    return ".".join(parts) or None
+
+
+def decoder(request_type: type[T]) -> Callable[[bytes], T]:
+    """One msgspec Decoder per request type, built once; its errors become invalid_request."""
+    decode = msgspec.json.Decoder(request_type).decode
+
+    def decode_request(body: bytes) -> T:
+        try:
+            request = decode(body)
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            raise InvalidRequest(_AT.sub("", text) + ".", param=param_path(text)) from None
+        except msgspec.DecodeError:
+            raise InvalidRequest("The request body is not valid JSON.") from None
+        check = getattr(request, "check", None)
+        if check is not None:
+            check()
+        return request
+
+    return decode_request

@@ -1,0 +1,78 @@
+"""Body limit: reads the JSON body, counting bytes as they arrive.
+
+Reads: `content-type`, `content-length` and the body stream, for endpoints that take a
+body. Writes: `ctx.body`. Rejects: 400 invalid_request for a Content-Type other than
+application/json (parameters such as charset are fine) and for a body over the limit,
+announced or actual (Content-Length is not trusted alone).
+"""
+
+from __future__ import annotations
+
+from gateway.errors import InvalidRequest, send_error
+from pipeline.context import context_of
+
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _content_type_is_json(scope) -> bool:
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+def _declared_length(scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class BodyLimit:
+    def __init__(self, app, *, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.too_large = f"The request body exceeds {max_bytes // (1024 * 1024)} MB."
+
+    async def __call__(self, scope, receive, send) -> None:
+        ctx = context_of(scope)
+        if ctx.endpoint.decode is None:
+            await self.app(scope, receive, send)
+            return
+        if not _content_type_is_json(scope):
+            await send_error(
+                send, InvalidRequest("Content-Type must be application/json."), ctx.request_id
+            )
+            return
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await send_error(send, InvalidRequest(self.too_large), ctx.request_id)
+            return
+        try:
+            body = await self._read(receive)
+        except _ClientGone:
+            return  # nobody is left to answer
+        if body is None:
+            await send_error(send, InvalidRequest(self.too_large), ctx.request_id)
+            return
+        ctx.body = body
+        await self.app(scope, receive, send)
+
+    async def _read(self, receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)

@@ -1,0 +1,26 @@
+"""Scope: may this key use this endpoint.
+
+Reads: `ctx.endpoint.scope`, `ctx.key.scopes` (a console session has no key and acts
+with full project scope). Rejects: 403 insufficient_scope. The `agents` scope grants
+nothing on existing endpoints.
+"""
+
+from __future__ import annotations
+
+from gateway.errors import InsufficientScope, send_error
+from gateway.routes import ANY_VALID_KEY
+from pipeline.context import context_of
+
+
+class Scope:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        ctx = context_of(scope)
+        needed = ctx.endpoint.scope
+        if needed != ANY_VALID_KEY and ctx.key is not None and needed not in ctx.key.scopes:
+            error = InsufficientScope(f"This endpoint requires the '{needed}' scope.")
+            await send_error(send, error, ctx.request_id)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,41 @@
+"""Pluggable storage: `open_storage(url)` picks the backend from the URL scheme."""
+
+from __future__ import annotations
+
+import importlib
+
+from storage.base import (
+    KeyRecord,
+    ProjectRecord,
+    RecordNotFound,
+    StateConflict,
+    Storage,
+    StorageError,
+)
+
+# Import strings, so that a driver is imported only when its backend is used.
+BACKENDS = {
+    "sqlite": "storage.sqlite:SQLiteStorage",
+}
+
+
+async def open_storage(url: str) -> Storage:
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    target = BACKENDS.get(scheme)
+    if target is None:
+        known = ", ".join(sorted(BACKENDS))
+        raise StorageError(f"unknown storage URL scheme {scheme!r} (known: {known})")
+    module_name, class_name = target.split(":")
+    backend = getattr(importlib.import_module(module_name), class_name)
+    return await backend.open(url)
+
+
+__all__ = [
+    "KeyRecord",
+    "ProjectRecord",
+    "RecordNotFound",
+    "StateConflict",
+    "Storage",
+    "StorageError",
+    "open_storage",
+]

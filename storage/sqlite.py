@@ -1,0 +1,262 @@
+"""The embedded backend: one SQLite file in WAL mode through aiosqlite.
+
+One gateway process per database file: several processes may read and administer it
+(the CLI does), but the metering counters assume a single serving process. Use the
+PostgreSQL backend for several gateway instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+
+import aiosqlite
+import orjson
+
+from storage.base import (
+    KeyRecord,
+    ProjectRecord,
+    RecordNotFound,
+    StateConflict,
+    Storage,
+    StorageError,
+)
+
+_PREFIX = "sqlite:///"
+
+
+def _migrations() -> list[tuple[int, str]]:
+    folder = resources.files("storage") / "migrations" / "sqlite"
+    scripts = sorted(p for p in folder.iterdir() if p.name.endswith(".sql"))
+    return [(int(p.name.split("_", 1)[0]), p.read_text()) for p in scripts]
+
+
+def _statements(script: str):
+    """Split a migration into statements the way SQLite's own tokenizer sees them."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending.strip()
+            pending = ""
+
+
+def _json_list(value: list[str] | frozenset[str] | None) -> str | None:
+    return None if value is None else orjson.dumps(sorted(value)).decode()
+
+
+def _project(row: sqlite3.Row) -> ProjectRecord:
+    allow = row["allow_models"]
+    return ProjectRecord(
+        id=row["id"],
+        name=row["name"],
+        state=row["state"],
+        monthly_budget=row["monthly_budget"],
+        rpm=row["rpm"],
+        allow_models=None if allow is None else orjson.loads(allow),
+        exclude_models=orjson.loads(row["exclude_models"]),
+        created_at=row["created_at"],
+    )
+
+
+def _key(row: sqlite3.Row) -> KeyRecord:
+    models = row["models"]
+    return KeyRecord(
+        id=row["id"],
+        prefix=row["prefix"],
+        key_hash=bytes(row["key_hash"]),
+        project_id=row["project_id"],
+        scopes=frozenset(orjson.loads(row["scopes"])),
+        models=None if models is None else orjson.loads(models),
+        monthly_limit=row["monthly_limit"],
+        expires_at=row["expires_at"],
+        rpm=row["rpm"],
+        state=row["state"],
+        created_at=row["created_at"],
+    )
+
+
+class AdminEpoch:
+    """A sidecar file replaced after every admin change, so any process can notice it by a stat.
+
+    A stat costs about a microsecond, so the key cache can be checked on every request and
+    a revocation made by the CLI in another process counts from the very next request.
+    """
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = db_path.with_name(db_path.name + ".epoch")
+
+    def current(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return (0, 0)
+        return (st.st_ino, st.st_mtime_ns)
+
+    def bump(self) -> None:
+        # A new inode each time: unambiguous even when two bumps share an mtime tick.
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(os.urandom(8))
+        os.replace(tmp, self.path)
+
+
+class SQLiteStorage(Storage):
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+        self._conn = conn
+        self._epoch = AdminEpoch(path)
+        # aiosqlite shares one connection: a transaction must not interleave with another's.
+        self._write_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str) -> SQLiteStorage:
+        if not url.startswith(_PREFIX):
+            raise StorageError(
+                "a SQLite URL looks like sqlite:///relative/path or sqlite:////abs/path"
+            )
+        path = Path(url[len(_PREFIX) :])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            for pragma in (
+                "journal_mode = WAL",
+                "synchronous = NORMAL",  # durable at checkpoints; safe from corruption in WAL
+                "foreign_keys = ON",
+                "busy_timeout = 5000",
+            ):
+                await conn.execute(f"PRAGMA {pragma}")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open SQLite database {path}: {exc}") from None
+        storage = cls(conn, path)
+        try:
+            await storage._migrate()
+        except BaseException:
+            await conn.close()  # aiosqlite's thread would otherwise keep the process alive
+            raise
+        return storage
+
+    async def _migrate(self) -> None:
+        for number, script in _migrations():
+            async with self._transaction() as db:
+                # Re-read inside the write transaction: another process may have migrated.
+                version = (await (await db.execute("PRAGMA user_version")).fetchone())[0]
+                if number <= version:
+                    continue
+                for statement in _statements(script):
+                    await db.execute(statement)
+                await db.execute(f"PRAGMA user_version = {number}")
+
+    @asynccontextmanager
+    async def _transaction(self):
+        async with self._write_lock:
+            try:
+                await self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    await self._conn.rollback()
+                    raise
+                await self._conn.commit()
+            except sqlite3.IntegrityError as exc:
+                raise StateConflict(str(exc)) from None
+            except sqlite3.Error as exc:
+                raise StorageError(str(exc)) from None
+
+    async def _fetchone(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
+        try:
+            async with self._conn.execute(sql, params) as cursor:
+                return await cursor.fetchone()
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from None
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    async def health(self) -> None:
+        await self._fetchone("SELECT 1")
+
+    def admin_epoch(self) -> tuple[int, int]:
+        return self._epoch.current()
+
+    async def create_project(self, project: ProjectRecord) -> ProjectRecord:
+        async with self._transaction() as db:
+            await db.execute(
+                "INSERT INTO projects (id, name, state, monthly_budget, rpm, allow_models,"
+                " exclude_models, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    project.id,
+                    project.name,
+                    project.state,
+                    project.monthly_budget,
+                    project.rpm,
+                    _json_list(project.allow_models),
+                    _json_list(project.exclude_models),
+                    project.created_at,
+                ),
+            )
+        return project
+
+    async def get_project(self, project_id: str) -> ProjectRecord | None:
+        row = await self._fetchone("SELECT * FROM projects WHERE id = ?", (project_id,))
+        return None if row is None else _project(row)
+
+    async def archive_project(self, project_id: str) -> ProjectRecord:
+        async with self._transaction() as db:
+            row = await (
+                await db.execute("SELECT state FROM projects WHERE id = ?", (project_id,))
+            ).fetchone()
+            if row is None:
+                raise RecordNotFound(f"no project {project_id}")
+            if row["state"] == "archived":
+                raise StateConflict(f"project {project_id} is already archived")
+            await db.execute("UPDATE projects SET state = 'archived' WHERE id = ?", (project_id,))
+        self._epoch.bump()
+        return await self.get_project(project_id)
+
+    async def create_key(self, key: KeyRecord) -> KeyRecord:
+        async with self._transaction() as db:
+            found = await (
+                await db.execute("SELECT 1 FROM projects WHERE id = ?", (key.project_id,))
+            ).fetchone()
+            if found is None:
+                raise RecordNotFound(f"no project {key.project_id}")
+            await db.execute(
+                "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
+                " monthly_limit, expires_at, rpm, state, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    key.prefix,
+                    key.key_hash,
+                    key.project_id,
+                    _json_list(key.scopes),
+                    _json_list(key.models),
+                    key.monthly_limit,
+                    key.expires_at,
+                    key.rpm,
+                    key.state,
+                    key.created_at,
+                ),
+            )
+        return key
+
+    async def get_key(self, prefix: str) -> KeyRecord | None:
+        row = await self._fetchone("SELECT * FROM api_keys WHERE prefix = ?", (prefix,))
+        return None if row is None else _key(row)
+
+    async def revoke_key(self, prefix: str) -> KeyRecord:
+        async with self._transaction() as db:
+            row = await (
+                await db.execute("SELECT state FROM api_keys WHERE prefix = ?", (prefix,))
+            ).fetchone()
+            if row is None:
+                raise RecordNotFound(f"no key {prefix}")
+            if row["state"] == "revoked":
+                raise StateConflict(f"key {prefix} is already revoked")
+            await db.execute("UPDATE api_keys SET state = 'revoked' WHERE prefix = ?", (prefix,))
+        self._epoch.bump()
+        return await self.get_key(prefix)
