@@ -10,6 +10,7 @@ from gateway.api import CoreHandlers
 from gateway.catalog import ModelCatalog
 from gateway.config import Config
 from gateway.keyring import KeyRing
+from gateway.metering import Meter
 from gateway.ratelimit import Gcra
 from gateway.routes import RouteTable
 from gateway.secretfile import load_or_create_secret
@@ -28,16 +29,20 @@ class Gateway:
         self.limiter = Gcra()
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
-        core = CoreHandlers(self.catalog)
-        core.endpoints = core.routes()
-        self.routes = RouteTable(core.endpoints)
+        self.meter: Meter | None = None
+        core = CoreHandlers(self)
+        self.routes = RouteTable(core.routes())
 
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
         self.storage = await open_storage(self.config.storage_url)
         self.keyring = KeyRing(self.storage, pepper)
+        self.meter = Meter(self.storage)
+        await self.meter.start()
 
     async def stop(self) -> None:
+        if self.meter is not None:
+            await self.meter.stop()
         if self.storage is not None:
             await self.storage.close()
 

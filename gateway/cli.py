@@ -12,6 +12,7 @@ import orjson
 
 from gateway import keys
 from gateway.config import ConfigError, load_config
+from gateway.metering import current_month
 from gateway.money import format_amount, parse_amount
 from gateway.secretfile import load_or_create_secret
 from storage import (
@@ -67,12 +68,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def project_view(project: ProjectRecord) -> dict:
+async def project_view(storage, project: ProjectRecord) -> dict:
+    account = await storage.project_account(project.id, current_month())
     return {
         "id": project.id,
         "name": project.name,
         "state": project.state,
+        "balance": format_amount(account.balance),
         "monthly_budget": _amount(project.monthly_budget),
+        "month_spend": format_amount(account.month_spend),
+        "reserved": format_amount(account.reserved),
         "rpm": project.rpm,
         "allow_models": project.allow_models,
         "exclude_models": project.exclude_models,
@@ -80,8 +85,8 @@ def project_view(project: ProjectRecord) -> dict:
     }
 
 
-def key_view(key: KeyRecord, now: float) -> dict:
-    expired = key.expires_at is not None and key.expires_at <= now
+async def key_view(storage, key: KeyRecord) -> dict:
+    expired = key.expires_at is not None and key.expires_at <= now_s()
     return {
         "id": key.id,
         "prefix": key.prefix,
@@ -89,6 +94,7 @@ def key_view(key: KeyRecord, now: float) -> dict:
         "scopes": sorted(key.scopes),
         "models": key.models,
         "monthly_limit": _amount(key.monthly_limit),
+        "month_spend": format_amount(await storage.key_month_spend(key.id, current_month())),
         "expires_at": _iso(key.expires_at),
         "rpm": key.rpm,
         "state": "expired" if key.state == "usable" and expired else key.state,
@@ -114,18 +120,37 @@ async def projects_create(args, config, storage) -> dict:
         exclude_models=_csv(args.exclude_models) or [],
         created_at=now_s(),
     )
-    return project_view(await storage.create_project(project))
+    await storage.create_project(project)
+    if args.balance:
+        await _credit(config, storage, project.id, args.balance)
+    return await project_view(storage, project)
 
 
 async def projects_show(args, config, storage) -> dict:
     project = await storage.get_project(args.id)
     if project is None:
         raise CliError(f"no project {args.id}")
-    return project_view(project)
+    return await project_view(storage, project)
 
 
 async def projects_archive(args, config, storage) -> dict:
-    return project_view(await storage.archive_project(args.id))
+    return await project_view(storage, await storage.archive_project(args.id))
+
+
+class Forbidden(CliError):
+    pass
+
+
+async def _credit(config, storage, project_id: str, amount: int) -> None:
+    if config.server.environment == "production":
+        raise Forbidden("development credit is not permitted in production")
+    await storage.add_credit(project_id, amount, current_month())
+
+
+async def credit_add(args, config, storage) -> dict:
+    await _credit(config, storage, args.project, args.amount)
+    project = await storage.get_project(args.project)
+    return {"credited": format_amount(args.amount), **await project_view(storage, project)}
 
 
 async def keys_create(args, config, storage) -> dict:
@@ -147,19 +172,19 @@ async def keys_create(args, config, storage) -> dict:
         rpm=args.rpm,
         created_at=now_s(),
     )
-    view = key_view(await storage.create_key(record), now_s())
+    view = await key_view(storage, await storage.create_key(record))
     return {"key": secret, **view}
 
 
 async def keys_revoke(args, config, storage) -> dict:
-    return key_view(await storage.revoke_key(args.prefix), now_s())
+    return await key_view(storage, await storage.revoke_key(args.prefix))
 
 
 async def keys_show(args, config, storage) -> dict:
     key = await storage.get_key(args.prefix)
     if key is None:
         raise CliError(f"no key {args.prefix}")
-    return key_view(key, now_s())
+    return await key_view(storage, key)
 
 
 def serve(args, config) -> int:
@@ -201,6 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     p = projects.add_parser("create", parents=[common])
     p.add_argument("name")
     p.add_argument("--budget", type=_parse_amount_arg, help="monthly budget, e.g. 25.00")
+    p.add_argument("--balance", type=_parse_amount_arg, help="initial development credit")
     p.add_argument("--rpm", type=_positive_int)
     p.add_argument("--allow-models", help="comma-separated allowlist")
     p.add_argument("--exclude-models", help="comma-separated exclusions")
@@ -231,6 +257,13 @@ def _parser() -> argparse.ArgumentParser:
     p = keys_cmd.add_parser("show", parents=[common])
     p.add_argument("prefix")
     p.set_defaults(action_fn=keys_show)
+
+    credit = commands.add_parser("credit", help="development credit")
+    credit_cmd = credit.add_subparsers(dest="action", required=True)
+    p = credit_cmd.add_parser("add", parents=[common])
+    p.add_argument("--project", required=True)
+    p.add_argument("amount", type=_parse_amount_arg)
+    p.set_defaults(action_fn=credit_add)
     return parser
 
 
@@ -264,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ConfigError as exc:
         return _fail(str(exc), as_json, "invalid_request")
+    except Forbidden as exc:
+        return _fail(str(exc), as_json, "forbidden")
     except RecordNotFound as exc:
         return _fail(str(exc), as_json, "not_found")
     except StateConflict as exc:

@@ -24,6 +24,7 @@ class Endpoint:
     scope: str  # a key scope, ANY_VALID_KEY or PUBLIC
     handler: Handler
     decode: Callable[[bytes], Any] | None = None  # body decoder; None: no body is read
+    pricing: Any = None  # estimate/cost of a metered endpoint (gateway.pricing); None: free
     listed: bool = True  # shown by GET /v1
 
 

@@ -25,6 +25,11 @@ def build_pipeline(gateway, *, authenticate: Middleware | None = None):
     """
     config = gateway.config
     dispatch = Dispatch()
+    # Metering is off only for benchmarks that measure what it costs.
+    metering = [
+        Middleware(Reservation, meter=gateway.meter),  # 402: hold the most the request can cost
+        Middleware(Settle, meter=gateway.meter),  # on the way out: charge actual, free the rest
+    ]
     stages = [
         Middleware(RequestId),  # req_ id on every response; last-resort internal_error
         Middleware(Cors, origins=config.server.cors_origins),
@@ -39,8 +44,7 @@ def build_pipeline(gateway, *, authenticate: Middleware | None = None):
             default_key_rpm=config.limits.default_key_rpm,
             default_project_rpm=config.limits.default_project_rpm,
         ),  # 429 with retry-after
-        Middleware(Reservation),  # 402: hold the most the request can cost
-        Middleware(Settle),  # on the way out: charge the actual cost, release the rest
+        *(metering if config.metering.enabled else []),
     ]
     app = dispatch  # terminal: runs the endpoint's handler
     for cls, args, kwargs in reversed(stages):

@@ -5,9 +5,13 @@ from __future__ import annotations
 import importlib
 
 from storage.base import (
+    Account,
     KeyRecord,
+    LimitReached,
     ProjectRecord,
+    ReceiptRecord,
     RecordNotFound,
+    ReservationRecord,
     StateConflict,
     Storage,
     StorageError,
@@ -31,9 +35,13 @@ async def open_storage(url: str) -> Storage:
 
 
 __all__ = [
+    "Account",
     "KeyRecord",
+    "LimitReached",
     "ProjectRecord",
+    "ReceiptRecord",
     "RecordNotFound",
+    "ReservationRecord",
     "StateConflict",
     "Storage",
     "StorageError",

@@ -22,6 +22,14 @@ class StateConflict(StorageError):
     """The operation does not fit the record's current state (e.g. revoking a revoked key)."""
 
 
+class LimitReached(StorageError):
+    """A reservation was refused; `reason` is budget_exceeded or insufficient_balance."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class ProjectRecord(msgspec.Struct, kw_only=True):
     id: str
     name: str
@@ -45,6 +53,52 @@ class KeyRecord(msgspec.Struct, kw_only=True):
     rpm: int | None = None
     state: str = "usable"  # usable | revoked
     created_at: int = 0
+
+
+class ReservationRecord(msgspec.Struct, kw_only=True):
+    id: str
+    project_id: str
+    key_id: str | None
+    amount: int  # micro-units held
+    month: str  # UTC 'YYYY-MM' whose budget and limit it counts against
+    owner: str  # the serving process that holds it
+    lease_until: int  # unix seconds; after this a sweeper may release it
+    created_at: int
+
+
+class ReceiptRecord(msgspec.Struct, kw_only=True):
+    id: str
+    reservation_id: str
+    project_id: str
+    key_id: str | None
+    request_id: str
+    kind: str  # inference | sandbox
+    endpoint: str
+    model_or_runtime: str
+    status: str  # succeeded | failed
+    usage: dict[str, int]
+    cost: int  # micro-units charged
+    month: str
+    created_at: int  # unix microseconds
+    request_sha256: str
+    response_sha256: str
+
+
+class Account(msgspec.Struct, kw_only=True):
+    balance: int
+    reserved: int
+    month_spend: int
+
+
+class Audit(msgspec.Struct, kw_only=True):
+    """A project's counters beside the sums they must equal."""
+
+    balance: int
+    ledger_sum: int
+    reserved: int
+    open_reservations_sum: int
+    month_spend: int
+    month_charges_sum: int
 
 
 def new_id(kind: str) -> str:
@@ -91,3 +145,46 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def revoke_key(self, prefix: str) -> KeyRecord:
         """Revoke a usable key (RecordNotFound, StateConflict)."""
+
+    @abc.abstractmethod
+    async def add_credit(self, project_id: str, amount: int, month: str) -> None:
+        """Append a credit entry to the project's ledger (RecordNotFound)."""
+
+    @abc.abstractmethod
+    async def reserve(self, reservation: ReservationRecord) -> None:
+        """Check limits, budget and available balance and hold the amount, atomically
+        (LimitReached)."""
+
+    @abc.abstractmethod
+    async def settle(self, receipt: ReceiptRecord) -> bool:
+        """Consume the receipt's reservation, charge its cost and store it, atomically;
+        False (and nothing written) when the reservation is gone."""
+
+    @abc.abstractmethod
+    async def release(self, reservation_id: str) -> None:
+        """Drop a reservation, if it is still open."""
+
+    @abc.abstractmethod
+    async def renew_leases(self, owner: str, lease_until: int) -> None:
+        """Extend every reservation the owner holds."""
+
+    @abc.abstractmethod
+    async def release_abandoned(self, owner_alive) -> int:
+        """Release reservations whose lease expired or whose owner is dead
+        (`owner_alive(owner) -> bool | None`, None: cannot tell); return how many."""
+
+    @abc.abstractmethod
+    async def project_account(self, project_id: str, month: str) -> Account:
+        """Balance, open reservations and the month's spend of a project (RecordNotFound)."""
+
+    @abc.abstractmethod
+    async def key_month_spend(self, key_id: str, month: str) -> int:
+        """What the key was charged in the month."""
+
+    @abc.abstractmethod
+    async def get_receipt(self, receipt_id: str) -> ReceiptRecord | None:
+        """The receipt, or None."""
+
+    @abc.abstractmethod
+    async def audit(self, project_id: str, month: str) -> Audit:
+        """The project's counters and the sums of the rows they summarise."""

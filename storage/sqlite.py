@@ -18,13 +18,21 @@ import aiosqlite
 import orjson
 
 from storage.base import (
+    Account,
+    Audit,
     KeyRecord,
+    LimitReached,
     ProjectRecord,
+    ReceiptRecord,
     RecordNotFound,
+    ReservationRecord,
     StateConflict,
     Storage,
     StorageError,
+    now_s,
 )
+
+_LIMIT_REASONS = frozenset({"budget_exceeded", "insufficient_balance"})
 
 _PREFIX = "sqlite:///"
 
@@ -166,6 +174,26 @@ class SQLiteStorage(Storage):
             except sqlite3.Error as exc:
                 raise StorageError(str(exc)) from None
 
+    async def _write(self, sql: str, params: tuple = ()) -> int:
+        """One statement in its own transaction (its triggers included); returns rowcount."""
+        async with self._write_lock:
+            try:
+                async with self._conn.execute(sql, params) as cursor:
+                    return cursor.rowcount
+            except sqlite3.IntegrityError as exc:
+                if str(exc) in _LIMIT_REASONS:
+                    raise LimitReached(str(exc)) from None
+                raise StateConflict(str(exc)) from None
+            except sqlite3.Error as exc:
+                raise StorageError(str(exc)) from None
+
+    async def _fetchall(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        try:
+            async with self._conn.execute(sql, params) as cursor:
+                return await cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from None
+
     async def _fetchone(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
         try:
             async with self._conn.execute(sql, params) as cursor:
@@ -260,3 +288,118 @@ class SQLiteStorage(Storage):
             await db.execute("UPDATE api_keys SET state = 'revoked' WHERE prefix = ?", (prefix,))
         self._epoch.bump()
         return await self.get_key(prefix)
+
+    async def add_credit(self, project_id: str, amount: int, month: str) -> None:
+        if await self.get_project(project_id) is None:
+            raise RecordNotFound(f"no project {project_id}")
+        await self._write(
+            "INSERT INTO ledger (project_id, kind, amount, month, created_at)"
+            " VALUES (?, 'credit', ?, ?, ?)",
+            (project_id, amount, month, now_s()),
+        )
+
+    async def reserve(self, reservation: ReservationRecord) -> None:
+        r = reservation
+        await self._write(
+            "INSERT INTO reservations (id, project_id, key_id, amount, month, owner, lease_until,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.id, r.project_id, r.key_id, r.amount, r.month, r.owner, r.lease_until, r.created_at),
+        )
+
+    async def settle(self, receipt: ReceiptRecord) -> bool:
+        r = receipt
+        try:
+            await self._write(
+                "INSERT INTO receipts (id, reservation_id, project_id, key_id, request_id, kind,"
+                " endpoint, model_or_runtime, status, usage, cost, month, created_at,"
+                " request_sha256, response_sha256)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r.id,
+                    r.reservation_id,
+                    r.project_id,
+                    r.key_id,
+                    r.request_id,
+                    r.kind,
+                    r.endpoint,
+                    r.model_or_runtime,
+                    r.status,
+                    orjson.dumps(r.usage).decode(),
+                    r.cost,
+                    r.month,
+                    r.created_at,
+                    r.request_sha256,
+                    r.response_sha256,
+                ),
+            )
+        except StateConflict as exc:
+            if str(exc) == "reservation_gone":
+                return False
+            raise
+        return True
+
+    async def release(self, reservation_id: str) -> None:
+        await self._write("DELETE FROM reservations WHERE id = ?", (reservation_id,))
+
+    async def renew_leases(self, owner: str, lease_until: int) -> None:
+        await self._write(
+            "UPDATE reservations SET lease_until = ? WHERE owner = ?", (lease_until, owner)
+        )
+
+    async def release_abandoned(self, owner_alive) -> int:
+        rows = await self._fetchall("SELECT DISTINCT owner FROM reservations")
+        released = await self._write("DELETE FROM reservations WHERE lease_until < ?", (now_s(),))
+        for row in rows:
+            if owner_alive(row["owner"]) is False:
+                released += await self._write(
+                    "DELETE FROM reservations WHERE owner = ?", (row["owner"],)
+                )
+        return released
+
+    async def project_account(self, project_id: str, month: str) -> Account:
+        row = await self._fetchone(
+            "SELECT p.balance, p.reserved, COALESCE(m.spent, 0) AS spent FROM projects p"
+            " LEFT JOIN month_spend m ON m.subject = p.id AND m.month = ? WHERE p.id = ?",
+            (month, project_id),
+        )
+        if row is None:
+            raise RecordNotFound(f"no project {project_id}")
+        return Account(balance=row["balance"], reserved=row["reserved"], month_spend=row["spent"])
+
+    async def key_month_spend(self, key_id: str, month: str) -> int:
+        row = await self._fetchone(
+            "SELECT spent FROM month_spend WHERE subject = ? AND month = ?", (key_id, month)
+        )
+        return 0 if row is None else row["spent"]
+
+    async def get_receipt(self, receipt_id: str) -> ReceiptRecord | None:
+        row = await self._fetchone("SELECT * FROM receipts WHERE id = ?", (receipt_id,))
+        if row is None:
+            return None
+        fields = dict(row)
+        fields["usage"] = orjson.loads(fields["usage"])
+        return ReceiptRecord(**fields)
+
+    async def audit(self, project_id: str, month: str) -> Audit:
+        row = await self._fetchone(
+            "SELECT p.balance, p.reserved,"
+            " (SELECT COALESCE(SUM(CASE kind WHEN 'credit' THEN amount ELSE -amount END), 0)"
+            "  FROM ledger WHERE project_id = p.id) AS ledger_sum,"
+            " (SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project_id = p.id) AS held,"
+            " (SELECT COALESCE(SUM(spent), 0) FROM month_spend WHERE subject = p.id AND month = ?)"
+            "  AS month_spend,"
+            " (SELECT COALESCE(SUM(amount), 0) FROM ledger"
+            "  WHERE project_id = p.id AND kind = 'charge' AND month = ?) AS month_charges"
+            " FROM projects p WHERE p.id = ?",
+            (month, month, project_id),
+        )
+        if row is None:
+            raise RecordNotFound(f"no project {project_id}")
+        return Audit(
+            balance=row["balance"],
+            ledger_sum=row["ledger_sum"],
+            reserved=row["reserved"],
+            open_reservations_sum=row["held"],
+            month_spend=row["month_spend"],
+            month_charges_sum=row["month_charges"],
+        )

@@ -1,0 +1,36 @@
+"""What a request may cost at most (reserved before it runs) and what it did cost."""
+
+from __future__ import annotations
+
+from gateway.errors import ServiceUnavailable
+from gateway.money import cost_of_tokens
+from pipeline.context import RequestContext
+
+
+class InferencePricing:
+    kind = "inference"
+
+    @staticmethod
+    def subject(ctx: RequestContext) -> str:
+        return ctx.model_id
+
+    @staticmethod
+    def estimate(ctx: RequestContext) -> int:
+        model = ctx.model
+        if not model.priced:
+            # Never run a model for free because its price was left out of the config.
+            raise ServiceUnavailable("The model has no price configured on this deployment.")
+        # A token spans at least one byte, so the body's size bounds the prompt's tokens.
+        input_tokens = len(ctx.body)
+        limit = ctx.payload.output_limit
+        output_tokens = min(limit or model.max_output_tokens, model.max_output_tokens)
+        return cost_of_tokens(input_tokens, model.input_price_per_mtok) + cost_of_tokens(
+            output_tokens, model.output_price_per_mtok
+        )
+
+    @staticmethod
+    def cost(ctx: RequestContext) -> int:
+        usage = ctx.usage or {}
+        return cost_of_tokens(
+            usage.get("input_tokens", 0), ctx.model.input_price_per_mtok
+        ) + cost_of_tokens(usage.get("output_tokens", 0), ctx.model.output_price_per_mtok)

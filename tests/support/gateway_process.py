@@ -1,0 +1,168 @@
+"""A real gateway: `gateway serve` in its own process on loopback, with its own config and
+database, administered through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+GATEWAY = str(Path(sys.executable).with_name("gateway"))
+
+BASE_CONFIG = """
+[server]
+host = "127.0.0.1"
+port = {port}
+environment = "{environment}"
+cors_origins = {cors_origins}
+
+[storage]
+url = "sqlite:///data/gateway.db"
+
+[secrets]
+key_pepper_file = "data/key-pepper"
+signing_key_file = "data/signing-key"
+
+[limits]
+gateway_timeout_s = {gateway_timeout_s}
+default_project_rpm = {default_rpm}
+default_key_rpm = {default_rpm}
+
+[providers.local]
+kind = "echo"
+
+[models."echo-1"]
+provider = "local"
+upstream = "echo-1"
+input_price_per_mtok = "0.50"
+output_price_per_mtok = "1.50"
+supports_tools = true
+max_output_tokens = 4096
+
+[models."echo-notools"]
+provider = "local"
+upstream = "echo-notools"
+input_price_per_mtok = "0.50"
+output_price_per_mtok = "1.50"
+supports_tools = false
+max_output_tokens = 1024
+
+[models."echo-off"]
+provider = "local"
+input_price_per_mtok = "0.50"
+output_price_per_mtok = "1.50"
+available = false
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CliFailed(Exception):
+    def __init__(self, code: int, output: dict | None, stderr: str) -> None:
+        super().__init__(f"gateway CLI exited {code}: {stderr.strip()}")
+        self.code, self.output, self.stderr = code, output, stderr
+
+
+class GatewayProcess:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        extra_config: str = "",
+        environment: str = "development",
+        cors_origins: list[str] | None = None,
+        gateway_timeout_s: float = 120,
+        default_rpm: int = 100_000,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = folder / "config.toml"
+        self.env = {**os.environ, **(env or {})}
+        self.config_path.write_text(
+            BASE_CONFIG.format(
+                port=self.port,
+                environment=environment,
+                cors_origins=json.dumps(cors_origins or []),
+                gateway_timeout_s=gateway_timeout_s,
+                default_rpm=default_rpm,
+            )
+            + extra_config
+        )
+        self.log_path = folder / "gateway.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> GatewayProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child for its life)
+        self.process = subprocess.Popen(
+            [GATEWAY, "serve", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited at start-up:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError(f"gateway did not answer /healthz:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def kill(self) -> None:
+        """kill -9: no shutdown code runs."""
+        self.stop(signal.SIGKILL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def cli(self, *args: str, check: bool = True) -> dict:
+        """Run `gateway ARGS --config F --json` and return its one JSON object."""
+        done = subprocess.run(
+            [GATEWAY, *args, "--config", str(self.config_path), "--json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+        )
+        output = json.loads(done.stdout) if done.stdout.strip() else None
+        if check and done.returncode != 0:
+            raise CliFailed(done.returncode, output, done.stderr)
+        return output if output is not None else {"exit_code": done.returncode}
+
+    def create_project(self, name: str = "test", *options: str) -> str:
+        return self.cli("projects", "create", name, *options)["id"]
+
+    def create_key(self, project_id: str, scopes: str = "inference", *options: str) -> str:
+        return self.cli("keys", "create", "--project", project_id, "--scopes", scopes, *options)["key"]
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
