@@ -1,0 +1,138 @@
+"""Every money rule of the storage interface, on every backend."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from storage import LimitReached, ProjectRecord, ReceiptRecord, ReservationRecord, open_storage
+from storage.base import KeyRecord
+
+MONTH = "2026-11"
+_ids = itertools.count()
+
+
+@pytest.fixture(params=["sqlite"])
+async def storage(request, tmp_path):
+    backend = await open_storage(f"sqlite:///{tmp_path / 'metering.db'}")
+    yield backend
+    await backend.close()
+
+
+async def project(storage, *, credit=0, budget=None, limit=None) -> tuple[str, str]:
+    pid, kid = f"prj_{next(_ids)}", f"key_{next(_ids)}"
+    await storage.create_project(ProjectRecord(id=pid, name="t", monthly_budget=budget))
+    await storage.create_key(
+        KeyRecord(
+            id=kid, prefix=f"proj_live_{next(_ids):08d}", key_hash=b"h", project_id=pid,
+            scopes=frozenset({"inference"}), monthly_limit=limit,
+        )
+    )
+    if credit:
+        await storage.add_credit(pid, credit, MONTH)
+    return pid, kid
+
+
+def hold(pid, kid, amount, owner="test:1:1", lease_until=2**40) -> ReservationRecord:
+    return ReservationRecord(
+        id=f"rsv_{next(_ids)}", project_id=pid, key_id=kid, amount=amount, month=MONTH,
+        owner=owner, lease_until=lease_until, created_at=0,
+    )
+
+
+def receipt(r: ReservationRecord, cost: int) -> ReceiptRecord:
+    return ReceiptRecord(
+        id=f"rcpt_{next(_ids)}", reservation_id=r.id, project_id=r.project_id, key_id=r.key_id,
+        request_id="req_t", kind="inference", endpoint="/v1/chat/completions",
+        model_or_runtime="echo-1", status="succeeded", usage={"input_tokens": 1}, cost=cost,
+        month=MONTH, created_at=1, request_sha256="a" * 64, response_sha256="b" * 64,
+    )
+
+
+async def refused(storage, reservation) -> str | None:
+    try:
+        await storage.reserve(reservation)
+    except LimitReached as exc:
+        return exc.reason
+    return None
+
+
+async def test_available_balance_counts_open_holds(storage):
+    pid, kid = await project(storage, credit=100)
+    assert await refused(storage, hold(pid, kid, 60)) is None
+    assert await refused(storage, hold(pid, kid, 60)) == "insufficient_balance"
+    assert await refused(storage, hold(pid, kid, 40)) is None
+
+
+async def test_project_budget_counts_spend_and_holds(storage):
+    pid, kid = await project(storage, credit=10_000, budget=100)
+    first = hold(pid, kid, 70)
+    await storage.reserve(first)
+    assert await refused(storage, hold(pid, kid, 31)) == "budget_exceeded"
+    assert await storage.settle(receipt(first, 50))
+    assert await refused(storage, hold(pid, kid, 51)) == "budget_exceeded"
+    assert await refused(storage, hold(pid, kid, 50)) is None
+
+
+async def test_key_monthly_limit_counts_spend_and_holds(storage):
+    pid, kid = await project(storage, credit=10_000, limit=100)
+    first = hold(pid, kid, 70)
+    await storage.reserve(first)
+    assert await refused(storage, hold(pid, kid, 31)) == "budget_exceeded"
+    assert await storage.settle(receipt(first, 50))
+    assert await storage.key_month_spend(kid, MONTH) == 50
+    assert await refused(storage, hold(pid, kid, 51)) == "budget_exceeded"
+
+
+async def test_settlement_charges_once_and_frees_the_hold(storage):
+    pid, kid = await project(storage, credit=1_000)
+    r = hold(pid, kid, 300)
+    await storage.reserve(r)
+    assert await storage.settle(receipt(r, 120))
+    assert not await storage.settle(receipt(r, 120))  # the hold is consumed: never twice
+    account = await storage.project_account(pid, MONTH)
+    assert (account.balance, account.reserved, account.month_spend) == (880, 0, 120)
+
+
+async def test_settlement_never_charges_above_the_hold(storage):
+    pid, kid = await project(storage, credit=1_000)
+    r = hold(pid, kid, 100)
+    await storage.reserve(r)
+    assert not await storage.settle(receipt(r, 101))
+    assert (await storage.project_account(pid, MONTH)).balance == 1_000
+
+
+async def test_release_frees_without_charging(storage):
+    pid, kid = await project(storage, credit=1_000)
+    r = hold(pid, kid, 400)
+    await storage.reserve(r)
+    await storage.release(r.id)
+    await storage.release(r.id)  # releasing twice is harmless
+    audit = await storage.audit(pid, MONTH)
+    assert (audit.balance, audit.reserved, audit.ledger_sum) == (1_000, 0, 1_000)
+    assert not await storage.settle(receipt(r, 10))
+
+
+async def test_abandoned_holds_are_released(storage):
+    pid, kid = await project(storage, credit=1_000)
+    dead, live, expired = hold(pid, kid, 100, "h:1:dead"), hold(pid, kid, 100, "h:2:live"), hold(
+        pid, kid, 100, "elsewhere:3:x", lease_until=1
+    )
+    for r in (dead, live, expired):
+        await storage.reserve(r)
+    alive = {"h:1:dead": False, "h:2:live": True, "elsewhere:3:x": None}
+    assert await storage.release_abandoned(alive.get) == 2
+    assert (await storage.project_account(pid, MONTH)).reserved == 100
+    await storage.renew_leases("h:2:live", 5)
+    assert await storage.release_abandoned(lambda owner: True) == 1  # its lease ran out
+
+
+async def test_receipt_round_trips(storage):
+    pid, kid = await project(storage, credit=1_000)
+    r = hold(pid, kid, 100)
+    await storage.reserve(r)
+    issued = receipt(r, 42)
+    await storage.settle(issued)
+    assert await storage.get_receipt(issued.id) == issued
+    assert await storage.get_receipt("rcpt_missing") is None
