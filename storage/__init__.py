@@ -8,13 +8,16 @@ from storage.base import (
     Account,
     KeyRecord,
     LimitReached,
+    LogLeaf,
     ProjectRecord,
     ReceiptRecord,
     RecordNotFound,
     ReservationRecord,
+    SandboxRecord,
     StateConflict,
     Storage,
     StorageError,
+    TreeHeadRecord,
 )
 
 # Import strings, so that a driver is imported only when its backend is used.
@@ -38,12 +41,15 @@ __all__ = [
     "Account",
     "KeyRecord",
     "LimitReached",
+    "LogLeaf",
     "ProjectRecord",
     "ReceiptRecord",
     "RecordNotFound",
     "ReservationRecord",
+    "SandboxRecord",
     "StateConflict",
     "Storage",
     "StorageError",
+    "TreeHeadRecord",
     "open_storage",
 ]

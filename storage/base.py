@@ -84,6 +84,30 @@ class ReceiptRecord(msgspec.Struct, kw_only=True):
     response_sha256: str
 
 
+class SandboxRecord(msgspec.Struct, kw_only=True):
+    id: str
+    project_id: str
+    runtime: str  # python | node | bash
+    timeout_s: int
+    memory_mb: int
+    created_at: int = 0
+
+
+class LogLeaf(msgspec.Struct, kw_only=True):
+    leaf_index: int
+    receipt_id: str
+    public_receipt: bytes  # canonical encoding of the receipt's public fields
+    signature: str
+
+
+class TreeHeadRecord(msgspec.Struct, kw_only=True):
+    size: int
+    root_hash: str
+    timestamp: str
+    key_id: str
+    signature: str
+
+
 class Account(msgspec.Struct, kw_only=True):
     balance: int
     reserved: int
@@ -188,3 +212,31 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def audit(self, project_id: str, month: str) -> Audit:
         """The project's counters and the sums of the rows they summarise."""
+
+    @abc.abstractmethod
+    async def create_sandbox(self, sandbox: SandboxRecord) -> SandboxRecord:
+        """Insert a sandbox configuration of an existing project (RecordNotFound)."""
+
+    @abc.abstractmethod
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        """The sandbox configuration, or None."""
+
+    @abc.abstractmethod
+    async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
+        """Receipts not yet in the transparency log, oldest first."""
+
+    @abc.abstractmethod
+    async def append_log(self, leaves: list[LogLeaf], head: TreeHeadRecord) -> None:
+        """Append leaves (continuing the index) and their signed tree head, atomically."""
+
+    @abc.abstractmethod
+    async def log_leaves(self, start: int = 0) -> list[LogLeaf]:
+        """Leaves from `start` on, in index order."""
+
+    @abc.abstractmethod
+    async def log_leaf(self, receipt_id: str) -> LogLeaf | None:
+        """The receipt's leaf, or None when it is not integrated yet."""
+
+    @abc.abstractmethod
+    async def tree_head(self, size: int | None = None) -> TreeHeadRecord | None:
+        """The signed tree head of that size, or the latest; None when there is none."""

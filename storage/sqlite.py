@@ -22,13 +22,16 @@ from storage.base import (
     Audit,
     KeyRecord,
     LimitReached,
+    LogLeaf,
     ProjectRecord,
     ReceiptRecord,
     RecordNotFound,
     ReservationRecord,
+    SandboxRecord,
     StateConflict,
     Storage,
     StorageError,
+    TreeHeadRecord,
     now_s,
 )
 
@@ -403,3 +406,60 @@ class SQLiteStorage(Storage):
             month_spend=row["month_spend"],
             month_charges_sum=row["month_charges"],
         )
+
+    async def create_sandbox(self, sandbox: SandboxRecord) -> SandboxRecord:
+        if await self.get_project(sandbox.project_id) is None:
+            raise RecordNotFound(f"no project {sandbox.project_id}")
+        b = sandbox
+        await self._write(
+            "INSERT INTO sandboxes (id, project_id, runtime, timeout_s, memory_mb, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (b.id, b.project_id, b.runtime, b.timeout_s, b.memory_mb, b.created_at),
+        )
+        return sandbox
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        row = await self._fetchone("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return None if row is None else SandboxRecord(**dict(row))
+
+    async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
+        rows = await self._fetchall(
+            "SELECT r.* FROM receipts r LEFT JOIN log_leaves l ON l.receipt_id = r.id"
+            " WHERE l.receipt_id IS NULL ORDER BY r.rowid LIMIT ?",
+            (limit,),
+        )
+        return [ReceiptRecord(**{**dict(row), "usage": orjson.loads(row["usage"])}) for row in rows]
+
+    async def append_log(self, leaves: list[LogLeaf], head: TreeHeadRecord) -> None:
+        async with self._transaction() as db:
+            await db.executemany(
+                "INSERT INTO log_leaves (leaf_index, receipt_id, public_receipt, signature)"
+                " VALUES (?, ?, ?, ?)",
+                [(x.leaf_index, x.receipt_id, x.public_receipt, x.signature) for x in leaves],
+            )
+            await db.execute(
+                "INSERT INTO tree_heads (size, root_hash, timestamp, key_id, signature)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (head.size, head.root_hash, head.timestamp, head.key_id, head.signature),
+            )
+
+    async def log_leaves(self, start: int = 0) -> list[LogLeaf]:
+        rows = await self._fetchall(
+            "SELECT * FROM log_leaves WHERE leaf_index >= ? ORDER BY leaf_index", (start,)
+        )
+        return [
+            LogLeaf(**{**dict(row), "public_receipt": bytes(row["public_receipt"])}) for row in rows
+        ]
+
+    async def log_leaf(self, receipt_id: str) -> LogLeaf | None:
+        row = await self._fetchone("SELECT * FROM log_leaves WHERE receipt_id = ?", (receipt_id,))
+        if row is None:
+            return None
+        return LogLeaf(**{**dict(row), "public_receipt": bytes(row["public_receipt"])})
+
+    async def tree_head(self, size: int | None = None) -> TreeHeadRecord | None:
+        if size is None:
+            row = await self._fetchone("SELECT * FROM tree_heads ORDER BY size DESC LIMIT 1")
+        else:
+            row = await self._fetchone("SELECT * FROM tree_heads WHERE size = ?", (size,))
+        return None if row is None else TreeHeadRecord(**dict(row))
