@@ -9,8 +9,13 @@ import logging
 from gateway.api import CoreHandlers
 from gateway.catalog import ModelCatalog
 from gateway.config import Config
+from gateway.inference.handlers import InferenceHandlers
 from gateway.keyring import KeyRing
 from gateway.metering import Meter
+from gateway.proofs.log import TransparencyLog
+from gateway.proofs.routes import ProofHandlers
+from gateway.proofs.signing import SigningKey, load_or_create_signing_key
+from gateway.providers import Providers
 from gateway.ratelimit import Gcra
 from gateway.routes import RouteTable
 from gateway.secretfile import load_or_create_secret
@@ -30,8 +35,13 @@ class Gateway:
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
         self.meter: Meter | None = None
+        self.signing_key: SigningKey | None = None
+        self.transparency_log: TransparencyLog | None = None
+        self.providers = Providers(config)
         core = CoreHandlers(self)
-        self.routes = RouteTable(core.routes())
+        inference = InferenceHandlers(self.providers, config.limits.gateway_timeout_s)
+        proofs = ProofHandlers(self)
+        self.routes = RouteTable(core.routes() + inference.routes() + proofs.routes())
 
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
@@ -39,10 +49,19 @@ class Gateway:
         self.keyring = KeyRing(self.storage, pepper)
         self.meter = Meter(self.storage)
         await self.meter.start()
+        self.signing_key = load_or_create_signing_key(
+            self.config.path(self.config.secrets.signing_key_file)
+        )
+        self.transparency_log = TransparencyLog(self.storage, self.signing_key)
+        await self.transparency_log.start()  # integrates receipts in the background
+        await self.providers.start()
 
     async def stop(self) -> None:
+        await self.providers.close()
         if self.meter is not None:
             await self.meter.stop()
+        if self.transparency_log is not None:
+            await self.transparency_log.stop()
         if self.storage is not None:
             await self.storage.close()
 

@@ -129,7 +129,7 @@ async def projects_create(args, config, storage) -> dict:
 async def projects_show(args, config, storage) -> dict:
     project = await storage.get_project(args.id)
     if project is None:
-        raise CliError(f"no project {args.id}")
+        raise RecordNotFound(f"no project {args.id}")
     return await project_view(storage, project)
 
 
@@ -183,7 +183,7 @@ async def keys_revoke(args, config, storage) -> dict:
 async def keys_show(args, config, storage) -> dict:
     key = await storage.get_key(args.prefix)
     if key is None:
-        raise CliError(f"no key {args.prefix}")
+        raise RecordNotFound(f"no key {args.prefix}")
     return await key_view(storage, key)
 
 

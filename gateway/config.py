@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -144,9 +146,31 @@ class Config(_Section):
         return url
 
 
-def _msgspec_path_to_key(message: str) -> str:
-    # msgspec says "... - at `$.server.port`"; a TOML user thinks in `server.port`.
-    return message.replace("`$.", "`").replace("`$`", "the top level")
+def _msgspec_path_to_key(message: str, base: str = "") -> str:
+    # msgspec says "... - at `$.server.port`"; a TOML user thinks in `server.port`, and
+    # "unknown field `prot` - at `$.server`" is the unknown key `server.prot`.
+    text, _, at = message.partition(" - at `$")
+    path = (base + at.rstrip("`")).lstrip(".")
+    unknown = re.fullmatch(r"Object contains unknown field `([^`]+)`", text)
+    if unknown:
+        return f"unknown key `{path + '.' if path else ''}{unknown.group(1)}`"
+    return f"{text} - at `{path}`" if path else text
+
+
+def _explain(message: str, data: dict) -> str:
+    # msgspec cannot name a table's key (`models[...]`): find the entry that fails alone.
+    for section, entry_type in (("providers", ProviderConfig), ("models", ModelConfig)):
+        if f"`$.{section}[...]" not in message or not isinstance(data.get(section), dict):
+            continue
+        for name, entry in data[section].items():
+            try:
+                msgspec.convert(entry, entry_type, dec_hook=_decode_hook)
+            except msgspec.ValidationError as exc:
+                bare = re.fullmatch(r"[A-Za-z0-9_-]+", name)
+                return _msgspec_path_to_key(
+                    str(exc), f"{section}.{name if bare else json.dumps(name)}"
+                )
+    return _msgspec_path_to_key(message)
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
@@ -171,4 +195,4 @@ def parse_config(
     try:
         return msgspec.convert(data, Config, dec_hook=_decode_hook)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_msgspec_path_to_key(str(exc))}") from None
+        raise ConfigError(f"{source}: {_explain(str(exc), data)}") from None

@@ -5,6 +5,12 @@ import pytest
 from tests.support.gateway_process import GatewayProcess
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "postgres: needs a PostgreSQL server (skipped only when none listens)"
+    )
+
+
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory) -> GatewayProcess:
     """One shared gateway for tests that create their own projects and keys."""

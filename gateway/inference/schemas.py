@@ -24,6 +24,8 @@ IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
 
 def _reject_images(parts: list[dict[str, Any]], where: str) -> None:
     for j, part in enumerate(parts):
+        if not isinstance(part, dict):  # Responses content is untyped: [null] must not be a 500
+            raise InvalidRequest("A content part must be an object.", param=f"{where}.{j}")
         if part.get("type") in IMAGE_PART_TYPES:
             raise InvalidRequest("Image inputs are not supported.", param=f"{where}.{j}")
 

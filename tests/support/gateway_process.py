@@ -105,7 +105,7 @@ class GatewayProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> GatewayProcess:
-        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child for its life)
+        log = open(self.log_path, "ab")  # owned by the child for its life
         self.process = subprocess.Popen(
             [GATEWAY, "serve", "--config", str(self.config_path)],
             stdout=log,
@@ -159,7 +159,8 @@ class GatewayProcess:
         return self.cli("projects", "create", name, *options)["id"]
 
     def create_key(self, project_id: str, scopes: str = "inference", *options: str) -> str:
-        return self.cli("keys", "create", "--project", project_id, "--scopes", scopes, *options)["key"]
+        args = ("--project", project_id, "--scopes", scopes, *options)
+        return self.cli("keys", "create", *args)["key"]
 
     def __enter__(self) -> GatewayProcess:
         return self.start()

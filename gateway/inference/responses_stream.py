@@ -1,0 +1,176 @@
+"""Chat completion chunks in, OpenAI Responses stream events out.
+
+The events follow OpenAI's order: response.created and response.in_progress; per output
+item output_item.added, its deltas, its .done events and output_item.done (one item open
+at a time); then response.completed (or response.incomplete). Every event carries a
+`sequence_number` counted from 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.inference.responses_translate import (
+    ending,
+    function_call_item,
+    message_item,
+    new_id,
+    response_object,
+    response_usage,
+)
+
+Event = tuple[str, dict]
+
+
+class ResponsesEvents:
+    def __init__(self, request: dict) -> None:
+        self.request = request  # the client's Responses request
+        self.id = new_id("resp")
+        self.created_at = int(time.time())
+        self.sequence = 0
+        self.output: list[dict] = []
+        self.current: dict | None = None  # the open output item
+        self.calls: dict[int, dict] = {}  # chat tool call index -> its output item
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None  # chat usage, when the upstream reported it
+
+    def _event(self, name: str, /, **fields) -> Event:
+        payload = {"type": name, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return name, payload
+
+    def _response(self, status: str, incomplete: dict | None = None) -> dict:
+        return response_object(
+            self.request,
+            response_id=self.id,
+            created_at=self.created_at,
+            status=status,
+            output=self.output,
+            usage=response_usage(self.usage) if status != "in_progress" else None,
+            incomplete=incomplete,
+        )
+
+    def start(self) -> list[Event]:
+        snapshot = self._response("in_progress")
+        snapshot["output"] = []
+        return [
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
+        ]
+
+    def feed(self, chunk: dict) -> list[Event]:
+        events: list[Event] = []
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events += self._text(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                events += self._call(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return events
+
+    def finish(self) -> list[Event]:
+        status, incomplete = ending(self.finish_reason)
+        events = self._close(status)
+        name = "response.completed" if status == "completed" else "response.incomplete"
+        return [*events, self._event(name, response=self._response(status, incomplete))]
+
+    def _open(self, item: dict) -> list[Event]:
+        self.output.append(item)
+        self.current = item
+        added = {**item, "status": "in_progress"}
+        if item["type"] == "message":
+            added["content"] = []
+        return [
+            self._event("response.output_item.added", output_index=len(self.output) - 1, item=added)
+        ]
+
+    def _text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        item = self.current
+        if item is None or item["type"] != "message":
+            events += self._close("completed")
+            item = message_item(new_id("msg"), "", "in_progress")
+            events += self._open(item)
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=len(self.output) - 1,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        item["content"][0]["text"] += text
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=self.output.index(item),
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _call(self, call: dict) -> list[Event]:
+        events: list[Event] = []
+        function = call.get("function") or {}
+        index = call.get("index", 0)
+        item = self.calls.get(index)
+        if item is None:
+            events += self._close("completed")
+            item = function_call_item(
+                new_id("fc"),
+                call.get("id") or new_id("call"),
+                function.get("name") or "",
+                "",
+                "in_progress",
+            )
+            self.calls[index] = item
+            events += self._open(item)
+        arguments = function.get("arguments") or ""
+        if arguments:
+            item["arguments"] += arguments
+            if item is self.current:
+                events.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=self.output.index(item),
+                        delta=arguments,
+                    )
+                )
+        return events
+
+    def _close(self, status: str) -> list[Event]:
+        item, self.current = self.current, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        item["status"] = status
+        events: list[Event] = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(
+                self._event("response.output_text.done", **common, text=part["text"], logprobs=[])
+            )
+            events.append(self._event("response.content_part.done", **common, part=part))
+        else:
+            item["status"] = "completed"
+            events.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+        events.append(self._event("response.output_item.done", output_index=index, item=item))
+        return events

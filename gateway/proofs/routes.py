@@ -1,0 +1,190 @@
+"""The public proof endpoints. None needs a key and none is listed by GET /v1.
+
+- GET /api/proofs/keys: the deployment's public signing keys.
+- GET /api/proofs/consistency?first=N[&second=M]: two signed tree heads and the RFC 9162
+  consistency proof between them (400 invalid_request, with `param`, for a bad size).
+- GET /api/proofs/{receipt_id}: the proof document; 202 {"status": "pending"} with
+  `retry-after: 1` while the receipt waits for the log; 404 not_found for no receipt.
+- GET /proofs/{receipt_id}: the same as an HTML page (JSON when the client asks only
+  for JSON, as `gateway verify` does).
+
+Handlers need the query string and headers, which the request context does not carry, so
+they answer with a small ASGI app that reads them from the scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qs
+
+import msgspec
+from starlette.responses import HTMLResponse, Response
+
+from gateway.errors import GatewayError, InvalidRequest, NotFound, send_error
+from gateway.proofs.log import Pending, TransparencyLog
+from gateway.proofs.page import PAGE_HEADERS, not_found_page, pending_page, proof_page
+from gateway.proofs.verify import verify_proof_document
+from gateway.responses import json_response
+from gateway.routes import PUBLIC, Endpoint
+from pipeline.context import RequestContext
+
+RETRY_AFTER_S = 1
+_JSON_MEDIA_TYPE = "application/json; charset=utf-8"
+_MAX_SIZE_DIGITS = 19
+
+
+class _FromScope:
+    """An ASGI app that builds its response from the scope; raised GatewayErrors are
+    rendered like the dispatch stage renders them."""
+
+    def __init__(self, request_id: str, build: Callable[[dict], Awaitable[Response]]) -> None:
+        self.request_id = request_id
+        self.build = build
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            response = await self.build(scope)
+        except GatewayError as error:
+            await send_error(send, error, self.request_id)
+            return
+        await response(scope, receive, send)
+
+
+def _header(scope, name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _origin(scope) -> str:
+    host = _header(scope, b"host")
+    if not host:
+        server = scope.get("server") or ("localhost", None)
+        host = server[0] if server[1] is None else f"{server[0]}:{server[1]}"
+    return f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}"
+
+
+def _wants_json(scope) -> bool:
+    accept = _header(scope, b"accept").lower()
+    return "application/json" in accept and "text/html" not in accept
+
+
+def _size(query: dict[str, list[str]], name: str, *, required: bool) -> int | None:
+    values = query.get(name)
+    if not values:
+        if required:
+            raise InvalidRequest(f"`{name}` is required: a tree size.", param=name)
+        return None
+    text = values[-1]
+    if not text.isascii() or not text.isdigit() or len(text) > _MAX_SIZE_DIGITS:
+        raise InvalidRequest(f"`{name}` must be a tree size, a whole number.", param=name)
+    return int(text)
+
+
+def _encoded(struct) -> Response:
+    return Response(msgspec.json.encode(struct), media_type=_JSON_MEDIA_TYPE)
+
+
+class ProofHandlers:
+    def __init__(self, gateway) -> None:
+        self.gateway = gateway
+
+    @property
+    def log(self) -> TransparencyLog:
+        return self.gateway.transparency_log
+
+    def routes(self) -> list[Endpoint]:
+        return [
+            # Exact paths are matched before templates: "keys" is never taken for an id.
+            Endpoint("GET", "/api/proofs/keys", PUBLIC, self.keys, listed=False),
+            Endpoint("GET", "/api/proofs/consistency", PUBLIC, self.consistency, listed=False),
+            Endpoint("GET", "/api/proofs/{receipt_id}", PUBLIC, self.proof, listed=False),
+            Endpoint("GET", "/proofs/{receipt_id}", PUBLIC, self.page, listed=False),
+        ]
+
+    async def keys(self, ctx: RequestContext):
+        record = self.gateway.signing_key.public_record()
+        return json_response({"object": "list", "data": [record]})
+
+    async def consistency(self, ctx: RequestContext):
+        async def build(scope) -> Response:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            first = _size(query, "first", required=True)
+            second = _size(query, "second", required=False)
+            if second is None:
+                second = self.log.size
+            if first < 1:
+                raise InvalidRequest("`first` must be at least 1.", param="first")
+            if second < first:
+                raise InvalidRequest("`second` must be at least `first`.", param="second")
+            try:
+                first_head, second_head, proof = await self.log.consistency(first, second)
+            except KeyError as unknown:
+                name = unknown.args[0]
+                raise InvalidRequest(
+                    f"No signed tree head of size {first if name == 'first' else second} exists.",
+                    param=name,
+                ) from None
+            return json_response(
+                {
+                    "first": first,
+                    "second": second,
+                    "first_tree_head": msgspec.to_builtins(first_head),
+                    "second_tree_head": msgspec.to_builtins(second_head),
+                    "consistency_proof": [h.hex() for h in proof],
+                }
+            )
+
+        return _FromScope(ctx.request_id, build)
+
+    async def _proof_json(self, receipt_id: str) -> Response:
+        try:
+            doc = await self.log.proof(receipt_id)
+        except Pending:
+            return json_response(
+                {
+                    "status": "pending",
+                    "receipt_id": receipt_id,
+                    "message": "The receipt is being added to the transparency log.",
+                    "retry_after_seconds": RETRY_AFTER_S,
+                },
+                status=202,
+                headers={"retry-after": str(RETRY_AFTER_S), "cache-control": "no-store"},
+            )
+        if doc is None:
+            raise NotFound("No receipt with this ID exists.")
+        return _encoded(doc)
+
+    async def proof(self, ctx: RequestContext):
+        return await self._proof_json(ctx.path_params["receipt_id"])
+
+    async def page(self, ctx: RequestContext):
+        receipt_id = ctx.path_params["receipt_id"]
+
+        async def build(scope) -> Response:
+            if _wants_json(scope):
+                return await self._proof_json(receipt_id)
+            headers = dict(PAGE_HEADERS)
+            try:
+                doc = await self.log.proof(receipt_id)
+            except Pending:
+                headers["cache-control"] = "no-store"
+                return HTMLResponse(pending_page(receipt_id), status_code=202, headers=headers)
+            if doc is None:
+                return HTMLResponse(not_found_page(receipt_id), status_code=404, headers=headers)
+            # Checked as any verifier would: from the encoded document, against our key.
+            result = verify_proof_document(
+                msgspec.to_builtins(doc), self.gateway.signing_key.public_key
+            )
+            origin = _origin(scope)
+            html = proof_page(
+                doc,
+                result,
+                api_url=f"{origin}/api/proofs/{receipt_id}",
+                keys_url=f"{origin}/api/proofs/keys",
+                page_url=f"{origin}/proofs/{receipt_id}",
+            )
+            return HTMLResponse(html, headers=headers)
+
+        return _FromScope(ctx.request_id, build)

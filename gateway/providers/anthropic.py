@@ -1,0 +1,48 @@
+"""Anthropic's Messages API, spoken to the gateway as Chat Completions.
+
+The translation itself is in `anthropic_messages`; this module is the HTTP side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from gateway.config import ProviderConfig
+from gateway.providers.anthropic_messages import ChunkTranslator, chat_completion, messages_request
+from gateway.providers.base import HttpProvider, parse_json, reported_error, stream_ended_early
+
+API_VERSION = "2023-06-01"
+
+
+class AnthropicProvider(HttpProvider):
+    kind = "anthropic"
+
+    def __init__(self, name: str, config: ProviderConfig) -> None:
+        super().__init__(name, config)
+        # base_url is the host ("https://api.anthropic.com"); a trailing /v1 is accepted too.
+        self.path = "/messages" if self.base_url.endswith("/v1") else "/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": API_VERSION}
+        credential = self.config.credential()
+        if credential:
+            headers["x-api-key"] = credential
+        return headers
+
+    async def chat(self, request: dict) -> dict:
+        message = await self.post_json(self.path, messages_request(request))
+        return chat_completion(message, request["model"])
+
+    async def chat_stream(self, request: dict) -> AsyncIterator[dict]:
+        body = {**messages_request(request), "stream": True}
+        translator = ChunkTranslator(request["model"])
+        async with contextlib.aclosing(self.post_events(self.path, body)) as events:
+            async for event in events:
+                payload = parse_json(self.name, event.data)
+                if payload.get("type") == "error":
+                    raise reported_error(self.name)
+                for chunk in translator.feed(payload):
+                    yield chunk
+        if not translator.done:
+            raise stream_ended_early(self.name)

@@ -1,0 +1,141 @@
+"""Upstream failures as the spec maps them, on both endpoints, streaming and not.
+
+Before the stream opens: an ordinary JSON error with its status (400 invalid_request,
+502 provider_error, 504 provider_timeout). After it opened: one in-band error event,
+then the end of the stream; the part already delivered is billed as `failed`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gateway.inference.tokens import estimate_tokens
+from tests.support.errors import assert_error
+from tests.support.fake_upstream import REPLY_PIECES, SECRET, SLOW_S
+from tests.support.inference import IMPATIENT_TIMEOUT_S, read_sse, sse_payloads
+
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+PROMPT = "Tell me something."
+
+
+def body(endpoint: str, model: str, stream: bool) -> dict:
+    if endpoint == "chat":
+        return {"model": model, "stream": stream, "messages": [{"role": "user", "content": PROMPT}]}
+    return {"model": model, "stream": stream, "input": PROMPT}
+
+
+FAULTS = [
+    ("fault-400", 400, "invalid_request"),
+    ("fault-500", 502, "provider_error"),
+    ("fail-before-first-byte", 502, "provider_error"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("provider", ["oa", "oa-chat", "an"])
+@pytest.mark.parametrize(("fault", "status", "error_type"), FAULTS)
+def test_failure_before_output_is_a_json_error(
+    http, provider, endpoint, stream, fault, status, error_type
+):
+    response = http.post(PATHS[endpoint], json=body(endpoint, f"{provider}/{fault}", stream))
+    error = assert_error(response, status, error_type)
+    assert SECRET not in response.text
+    assert "param" not in error
+    assert "x-receipt-id" not in response.headers  # nothing billed
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+def test_unreachable_provider_is_502(http, endpoint, stream):
+    response = http.post(PATHS[endpoint], json=body(endpoint, "dead/normal", stream))
+    assert_error(response, 502, "provider_error")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("provider", ["oa", "an"])
+def test_no_answer_within_the_gateway_timeout_is_504(impatient_http, provider, endpoint, stream):
+    started = time.monotonic()
+    response = impatient_http.post(PATHS[endpoint], json=body(endpoint, f"{provider}/slow", stream))
+    elapsed = time.monotonic() - started
+    assert_error(response, 504, "provider_timeout")
+    assert IMPATIENT_TIMEOUT_S <= elapsed < SLOW_S - 1, (
+        elapsed
+    )  # the gateway's clock, not the upstream's
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("provider", ["oa", "an"])
+def test_body_cut_before_it_was_whole_is_502(http, provider, endpoint):
+    response = http.post(PATHS[endpoint], json=body(endpoint, f"{provider}/cut-mid-stream", False))
+    assert_error(response, 502, "provider_error")
+
+
+def _delivered_text(endpoint: str, raw: bytes) -> str:
+    if endpoint == "chat":
+        chunks = [p for p in sse_payloads(raw) if isinstance(p, dict) and "choices" in p]
+        return "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+    return "".join(
+        p["delta"] for p in sse_payloads(raw) if p.get("type") == "response.output_text.delta"
+    )
+
+
+def assert_in_band_error(endpoint: str, response, error_type: str) -> dict:
+    """The stream is 200 text/event-stream and ends with exactly one error event."""
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = read_sse(response.content)
+    name, _ = events[-1]
+    payloads = sse_payloads(response.content)
+    error_events = [p for p in payloads if isinstance(p, dict) and "error" in p]
+    assert len(error_events) == 1
+    error = error_events[0]["error"]
+    assert payloads[-1] is error_events[0], "the stream goes on after its error"
+    assert error["type"] == error_type
+    assert error["request_id"] == response.headers["x-request-id"]
+    assert set(error) <= {"type", "message", "request_id", "param"}
+    if endpoint == "chat":
+        assert name is None
+        assert "[DONE]" not in payloads
+        assert list(payloads[-1]) == ["error"]  # the same object as error bodies
+    else:
+        assert name == "error"
+        assert payloads[-1]["type"] == "error"
+        assert payloads[-1]["code"] == error_type
+        assert payloads[-1]["sequence_number"] == payloads[-2]["sequence_number"] + 1
+        assert not any(p.get("type") == "response.completed" for p in payloads)
+    assert SECRET not in response.text
+    return error
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("provider", ["oa", "oa-chat", "an"])
+def test_stream_cut_after_output_ends_with_one_error_event(http, provider, endpoint):
+    response = http.post(PATHS[endpoint], json=body(endpoint, f"{provider}/cut-mid-stream", True))
+    assert_in_band_error(endpoint, response, "provider_error")
+    delivered = _delivered_text(endpoint, response.content)
+    assert delivered == "".join(REPLY_PIECES[:3])
+    # The delivered part is billed and receipted as failed; usage counted from what came.
+    receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert receipt["status"] == "failed"
+    assert receipt["usage"]["output_tokens"] == estimate_tokens(delivered)
+    assert receipt["usage"]["input_tokens"] == estimate_tokens(PROMPT)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("provider", ["oa", "an"])
+def test_stream_silent_after_output_times_out_in_band(impatient_http, provider, endpoint):
+    started = time.monotonic()
+    response = impatient_http.post(
+        PATHS[endpoint], json=body(endpoint, f"{provider}/hang-stream", True)
+    )
+    assert time.monotonic() - started < 5
+    assert_in_band_error(endpoint, response, "provider_timeout")
+    assert _delivered_text(endpoint, response.content) == "".join(REPLY_PIECES[:2])
+    receipt = impatient_http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert receipt["status"] == "failed"

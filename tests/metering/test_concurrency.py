@@ -1,0 +1,60 @@
+"""60 parallel requests against money that covers only a few: never a micro-unit over."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.metering.billing import books, chat, micros, receipt_cost
+
+# Each request holds ~0.0006 (body bytes + 50 output tokens) but costs ~0.0002.
+REQUEST = chat(content="word " * 200, max_tokens=50)
+
+
+async def fire(url: str, key: str, n: int = 60) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=n)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/chat/completions", json=REQUEST, headers={"authorization": f"Bearer {key}"}
+                )
+                for _ in range(n)
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("project_options", "key_options", "refusal"),
+    [
+        (["--balance", "0.001"], [], "insufficient_balance"),
+        (["--balance", "10", "--budget", "0.001"], [], "budget_exceeded"),
+        (["--balance", "10"], ["--monthly-limit", "0.001"], "budget_exceeded"),
+    ],
+    ids=["balance", "project-budget", "key-monthly-limit"],
+)
+async def test_parallel_requests_never_overspend(gateway, project_options, key_options, refusal):
+    project = gateway.create_project("race", *project_options)
+    key = gateway.create_key(project, "inference,receipts", *key_options)
+    before = books(gateway, project)
+
+    responses = await fire(gateway.url, key)
+
+    served = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code != 200]
+    assert served and refused, "the money must cover some requests and not all"
+    assert {r.status_code for r in refused} == {402}
+    assert {r.json()["error"]["type"] for r in refused} == {refusal}
+    assert all("x-receipt-id" not in r.headers for r in refused)
+    costs = [receipt_cost(gateway, key, r.headers["x-receipt-id"]) for r in served]
+    after = books(gateway, project)
+    assert after["reserved"] == 0
+    assert after["balance"] == before["balance"] - sum(costs)
+    assert after["month_spend"] == sum(costs)
+    assert after["balance"] >= 0
+    assert sum(costs) <= micros("0.001") or refusal == "insufficient_balance"
+    if key_options:
+        shown = gateway.cli("keys", "show", key[:18])
+        assert micros(shown["month_spend"]) == sum(costs) <= micros("0.001")

@@ -1,0 +1,183 @@
+"""A fake OpenAI-compatible upstream (see fake_upstream for its fault modes).
+
+`{url}/v1` has Chat Completions and Responses; `{url}/chatonly/v1` has Chat Completions
+only (its /responses answers 404), like many OpenAI-compatible servers.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from tests.support.fake_upstream import (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    REPLY,
+    REPLY_PIECES,
+    FakeUpstream,
+    sse,
+)
+
+TOOL_ARGUMENTS = ['{"city":', ' "Paris"}']
+
+
+def _chat_usage() -> dict:
+    return {
+        "prompt_tokens": INPUT_TOKENS,
+        "completion_tokens": OUTPUT_TOKENS,
+        "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+    }
+
+
+def _reply(body: dict) -> tuple[list[str], str, dict | None]:
+    """(text pieces, finish_reason, tool call) the fake answers `body` with."""
+    model = body["model"]
+    last = body["messages"][-1]
+    if last.get("role") == "tool":
+        return [f"The tool said: {last.get('content')}"], "stop", None
+    if model == "tool-call" and body.get("tools"):
+        name = body["tools"][0]["function"]["name"]
+        call = {"id": "call_fake1", "type": "function", "function": {"name": name}}
+        return [], "tool_calls", call
+    if model == "length":
+        return REPLY_PIECES[:2], "length", None
+    return REPLY_PIECES, "stop", None
+
+
+class FakeOpenAI(FakeUpstream):
+    def __init__(self, credential: str) -> None:
+        super().__init__()
+        self.credential = credential
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/chat/completions", self.chat),
+            web.post("/chatonly/v1/chat/completions", self.chat),
+            web.post("/v1/responses", self.responses),
+            web.post("/stolen", self.stolen),
+        ]
+
+    async def _admit(self, request: web.Request) -> tuple[dict, web.StreamResponse | None]:
+        body = await self.record(request)
+        if request.headers.get("authorization") != f"Bearer {self.credential}":
+            error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
+            return body, web.json_response({"error": error}, status=401)
+        return body, await self.before_answer(request, body["model"])
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body, early = await self._admit(request)
+        if early is not None:
+            return early
+        model = body["model"]
+        pieces, finish, call = _reply(body)
+        if call is not None:
+            call = {**call, "function": {**call["function"], "arguments": "".join(TOOL_ARGUMENTS)}}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": "".join(pieces) or None}
+            if call:
+                message["tool_calls"] = [call]
+            payload = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            }
+            if model != "no-usage":
+                payload["usage"] = _chat_usage()
+            if model == "cut-mid-stream":
+                return await self.cut_body(request, payload)
+            return web.json_response(payload)
+        include_usage = (body.get("stream_options") or {}).get("include_usage")
+
+        def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+            payload = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+            if include_usage:
+                payload["usage"] = None
+            return sse(payload)
+
+        events = [chunk({"role": "assistant", "content": ""})]
+        if call:
+            start = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            events.append(chunk({"tool_calls": [start]}))
+            for part in TOOL_ARGUMENTS:
+                events.append(
+                    chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+                )
+        events += [chunk({"content": piece}) for piece in pieces]
+        events.append(chunk({}, finish))
+        if include_usage and model != "no-usage":
+            usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model}
+            events.append(sse({**usage, "choices": [], "usage": _chat_usage()}))
+        events.append(b"data: [DONE]\n\n")
+        return await self.stream(request, model, events, text_from=1)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body, early = await self._admit(request)
+        if early is not None:
+            return early
+        model = body["model"]
+        usage = {
+            "input_tokens": INPUT_TOKENS,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": OUTPUT_TOKENS,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+        }
+        part = {"type": "output_text", "text": REPLY, "annotations": []}
+        item = {
+            "type": "message",
+            "id": "msg_fake",
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        response = {
+            "id": "resp_fake",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": model,
+            "output": [item],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": None if model == "no-usage" else usage,
+        }
+        if not body.get("stream"):
+            if model == "cut-mid-stream":
+                return await self.cut_body(request, response)
+            return web.json_response(response)
+        sequence = iter(range(1000))
+
+        def event(name: str, **fields) -> bytes:
+            return sse({"type": name, "sequence_number": next(sequence), **fields}, event=name)
+
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        common = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
+        events = [
+            event("response.created", response=started),
+            event("response.in_progress", response=started),
+            event(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "status": "in_progress", "content": []},
+            ),
+            event("response.content_part.added", **common, part={**part, "text": ""}),
+            *[
+                event("response.output_text.delta", **common, delta=piece, logprobs=[])
+                for piece in REPLY_PIECES
+            ],
+            event("response.output_text.done", **common, text=REPLY, logprobs=[]),
+            event("response.content_part.done", **common, part=part),
+            event("response.output_item.done", output_index=0, item=item),
+            event("response.completed", response=response),
+        ]
+        return await self.stream(request, model, events, text_from=4)

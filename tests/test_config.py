@@ -1,0 +1,209 @@
+"""config.toml: typos and wrong types fail at start naming the key, paths resolve against
+the file's folder, GATEWAY_CONFIG selects the file, unconfigured providers answer 503."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config
+from tests.support.errors import assert_error
+from tests.support.gateway_process import GATEWAY, GatewayProcess
+from tests.support.http import bearer, chat_body
+
+ECHO = '[providers.local]\nkind = "echo"\n[models."echo-1"]\nprovider = "local"\n'
+
+
+def failure(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[server]\nprot = 8080\n", "server.prot"),
+        ("[server]\nport = 8080\nenviroment = 'production'\n", "server.enviroment"),
+        ("[limits]\ngateway_timeout = 5\n", "limits.gateway_timeout"),
+        ("[secrets]\nkey_pepper = 'x'\n", "secrets.key_pepper"),
+        ("[servr]\nport = 8080\n", "servr"),
+        (ECHO + "prise = 1\n", "models.echo-1.prise"),
+        (
+            ECHO + '[models."gpt-4.1"]\nprovider = "local"\nsupports_tool = true\n',
+            'models."gpt-4.1".supports_tool',
+        ),
+        ('[providers.local]\nkind = "echo"\nbase_ur = "http://x"\n', "providers.local.base_ur"),
+    ],
+)
+def test_a_typoed_key_is_named_in_the_error(text, named):
+    message = failure(text)
+    assert f"`{named}`" in message, message
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[server]\nport = "8080"\n', "server.port"),
+        ('[server]\ncors_origins = "https://a.example"\n', "server.cors_origins"),
+        ('[server]\nenvironment = "staging"\n', "server.environment"),
+        ('[limits]\ndefault_key_rpm = "many"\n', "limits.default_key_rpm"),
+        ("[storage]\nurl = 5\n", "storage.url"),
+        (ECHO + 'input_price_per_mtok = "cheap"\n', "models.echo-1.input_price_per_mtok"),
+        (ECHO + 'available = "yes"\n', "models.echo-1.available"),
+        ('[providers.local]\nkind = "llama"\n', "providers.local.kind"),
+    ],
+)
+def test_a_wrong_type_or_value_is_named_in_the_error(text, named):
+    message = failure(text)
+    assert f"`{named}`" in message, message
+
+
+def test_a_model_naming_an_unknown_provider_fails():
+    message = failure(ECHO + '[models."gpt-x"]\nprovider = "openia"\n')
+    assert "models.gpt-x.provider" in message and "openia" in message
+
+
+def test_a_remote_provider_without_base_url_fails():
+    message = failure('[providers.remote]\nkind = "openai"\n')
+    assert "providers.remote" in message and "base_url" in message
+
+
+def test_invalid_toml_fails_with_the_file_named(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("[server\nport = 1\n")
+    with pytest.raises(ConfigError, match=r"config\.toml"):
+        load_config(path)
+
+
+def test_a_missing_file_fails_with_its_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"nowhere\.toml"):
+        load_config(tmp_path / "nowhere.toml")
+
+
+def _serve_fails(config_path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [GATEWAY, "serve", "--config", str(config_path)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0, done
+    return done
+
+
+def test_serve_with_a_typo_fails_at_start_naming_the_key(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[server]\nhost = "127.0.0.1"\nprot = 8080\n' + ECHO)
+    done = _serve_fails(path, tmp_path)
+    assert "server.prot" in done.stderr + done.stdout
+    assert not (tmp_path / "data").exists()  # failed before touching anything
+
+
+def test_serve_with_an_unknown_provider_fails_at_start(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(ECHO + '[models."m"]\nprovider = "ghost"\n')
+    done = _serve_fails(path, tmp_path)
+    assert "models.m.provider" in done.stderr + done.stdout
+
+
+def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "etc" / "gateway"
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(
+        '[storage]\nurl = "sqlite:///data/gw.db"\n'
+        '[secrets]\nkey_pepper_file = "secrets/pepper"\nsigning_key_file = "../signing"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config("../etc/gateway/config.toml")
+    assert config.storage_url == f"sqlite:///{folder / 'data' / 'gw.db'}"
+    assert config.path(config.secrets.key_pepper_file) == folder / "secrets" / "pepper"
+    assert config.path(config.secrets.signing_key_file) == tmp_path / "etc" / "signing"
+
+
+def test_an_absolute_sqlite_url_is_kept(tmp_path):
+    config = parse_config(
+        f'[storage]\nurl = "sqlite:///{tmp_path}/abs.db"\n', base_dir=tmp_path / "x"
+    )
+    assert config.storage_url == f"sqlite:///{tmp_path}/abs.db"
+
+
+def test_gateway_config_selects_the_file_and_an_explicit_path_wins(tmp_path, monkeypatch):
+    chosen = tmp_path / "chosen.toml"
+    chosen.write_text("[server]\nport = 9191\n")
+    other = tmp_path / "other.toml"
+    other.write_text("[server]\nport = 9292\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.toml").write_text("[server]\nport = 9393\n")
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+    assert load_config().server.port == 9393  # the default: ./config.toml
+    monkeypatch.setenv("GATEWAY_CONFIG", str(chosen))
+    assert load_config().server.port == 9191
+    assert load_config(other).server.port == 9292
+
+
+def test_the_cli_reads_gateway_config_and_writes_next_to_that_file(tmp_path):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "config.toml").write_text(ECHO)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "GATEWAY_CONFIG": str(folder / "config.toml")}
+    done = subprocess.run(
+        [GATEWAY, "projects", "create", "via-env", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (folder / "data" / "gateway.db").exists()
+    assert not (cwd / "data").exists()
+
+
+UNSET = "GATEWAY_TEST_REMOTE_KEY_NEVER_SET"
+REMOTE = f"""
+[providers.remote]
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "{UNSET}"
+
+[models."remote-1"]
+provider = "remote"
+input_price_per_mtok = "1"
+output_price_per_mtok = "2"
+supports_tools = true
+"""
+
+
+@pytest.fixture(scope="module")
+def unconfigured(tmp_path_factory):
+    assert UNSET not in os.environ
+    with GatewayProcess(tmp_path_factory.mktemp("unconfigured"), extra_config=REMOTE) as process:
+        project = process.create_project("remote", "--balance", "10")
+        process.key = process.create_key(project, "inference")
+        yield process
+
+
+def test_a_provider_without_its_credential_is_not_configured_and_the_server_starts(
+    unconfigured,
+):
+    with httpx.Client(base_url=unconfigured.url, headers=bearer(unconfigured.key)) as http:
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert listed["remote-1"]["available"] is False
+        assert listed["echo-1"]["available"] is True
+        for path, body in (
+            ("/v1/chat/completions", chat_body("remote-1")),
+            ("/v1/responses", {"model": "remote-1", "input": "hi"}),
+        ):
+            assert_error(http.post(path, json=body), 503, "service_unavailable")
+        # The deployment's other models still answer.
+        assert http.post("/v1/chat/completions", json=chat_body("echo-1")).status_code == 200
