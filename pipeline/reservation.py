@@ -49,7 +49,7 @@ class Reservation:
         try:
             await self.app(scope, receive, send_with_receipt_id)
         finally:
-            if ctx.reservation is not None:  # settle clears it once it has consumed the hold
+            if ctx.reservation is not None:  # settle clears it once it has closed the hold
                 with anyio.CancelScope(shield=True):
                     await self.meter.release(ctx.reservation)
                 ctx.reservation = None

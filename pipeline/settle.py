@@ -3,10 +3,10 @@
 Reads: `ctx.outcome`, `ctx.usage`, `ctx.response_sha256` (set by the handler),
 `ctx.reservation`. Writes: the receipt and its ledger charge (storage), then clears
 `ctx.reservation`. It wraps dispatch and acts on the way out: at the response's final
-body message, so the receipt exists before the client has the last byte, or after
+body message, so the books are closed before the client has the last byte, or after
 dispatch returns when the response never finished (client gone). A request with no
-billable outcome is not settled here; the reservation stage releases its hold in full.
-The charge never exceeds the hold.
+billable outcome (an error) has its hold released in full instead. The charge never
+exceeds the hold.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ log = logging.getLogger("gateway.metering")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
-def _receipt(ctx: RequestContext, cost: int) -> ReceiptRecord:
-    reservation = ctx.reservation
+def _receipt(ctx: RequestContext, cost: int, reservation) -> ReceiptRecord:
     pricing = ctx.endpoint.pricing
     return ReceiptRecord(
         id=ctx.receipt_id,
@@ -68,12 +67,15 @@ class Settle:
         await self._settle(ctx)
 
     async def _settle(self, ctx: RequestContext) -> None:
-        if ctx.reservation is None or ctx.outcome is None:
+        reservation = ctx.reservation
+        if reservation is None:
             return
-        held = ctx.reservation.amount
-        cost = ctx.endpoint.pricing.cost(ctx)
-        if cost > held:
-            log.warning("request_id=%s cost %d above its hold %d", ctx.request_id, cost, held)
-        with anyio.CancelScope(shield=True):
-            await self.meter.settle(_receipt(ctx, min(cost, held)))
         ctx.reservation = None
+        with anyio.CancelScope(shield=True):
+            if ctx.outcome is None:
+                await self.meter.release(reservation)
+                return
+            cost = ctx.endpoint.pricing.cost(ctx)
+            if cost > reservation.amount:
+                log.warning("request_id=%s cost %d above its hold", ctx.request_id, cost)
+            await self.meter.settle(_receipt(ctx, min(cost, reservation.amount), reservation))

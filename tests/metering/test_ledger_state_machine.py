@@ -32,10 +32,15 @@ class LedgerMachine(RuleBasedStateMachine):
         self.folder = tempfile.TemporaryDirectory()
         url = f"sqlite:///{Path(self.folder.name) / 'ledger.db'}"
         self.storage = self.run(open_storage(url))
-        self.run(self.storage.create_project(ProjectRecord(id="prj_m", name="m", monthly_budget=budget)))
+        project = ProjectRecord(id="prj_m", name="m", monthly_budget=budget)
+        self.run(self.storage.create_project(project))
         key = KeyRecord(
-            id="key_m", prefix="proj_live_machine", key_hash=b"x", project_id="prj_m",
-            scopes=frozenset({"inference"}), monthly_limit=limit,
+            id="key_m",
+            prefix="proj_live_machine",
+            key_hash=b"x",
+            project_id="prj_m",
+            scopes=frozenset({"inference"}),
+            monthly_limit=limit,
         )
         self.run(self.storage.create_key(key))
         self.budget, self.limit = budget, limit
@@ -62,13 +67,21 @@ class LedgerMachine(RuleBasedStateMachine):
         over_limit = self.limit is not None and self.charges + held + amount > self.limit
         over_budget = self.budget is not None and self.charges + held + amount > self.budget
         expected = (
-            "budget_exceeded" if over_limit or over_budget
-            else "insufficient_balance" if balance - held < amount
+            "budget_exceeded"
+            if over_limit or over_budget
+            else "insufficient_balance"
+            if balance - held < amount
             else None
         )
         reservation = ReservationRecord(
-            id=f"rsv_{next(_ids)}", project_id="prj_m", key_id="key_m", amount=amount,
-            month=MONTH, owner=self.owner(self.generation), lease_until=2**40, created_at=0,
+            id=f"rsv_{next(_ids)}",
+            project_id="prj_m",
+            key_id="key_m",
+            amount=amount,
+            month=MONTH,
+            owner=self.owner(self.generation),
+            lease_until=2**40,
+            created_at=0,
         )
         try:
             self.run(self.storage.reserve(reservation))
@@ -87,15 +100,30 @@ class LedgerMachine(RuleBasedStateMachine):
         amount, _ = self.open[rid]
         cost = data.draw(st.integers(0, amount))
         receipt = ReceiptRecord(
-            id=f"rcpt_{next(_ids)}", reservation_id=rid, project_id="prj_m", key_id="key_m",
-            request_id="req_m", kind="inference", endpoint="/v1/chat/completions",
-            model_or_runtime="echo-1", status="succeeded", usage={}, cost=cost, month=MONTH,
-            created_at=0, request_sha256="0" * 64, response_sha256="0" * 64,
+            id=f"rcpt_{next(_ids)}",
+            reservation_id=rid,
+            project_id="prj_m",
+            key_id="key_m",
+            request_id="req_m",
+            kind="inference",
+            endpoint="/v1/chat/completions",
+            model_or_runtime="echo-1",
+            status="succeeded",
+            usage={},
+            cost=cost,
+            month=MONTH,
+            created_at=0,
+            request_sha256="0" * 64,
+            response_sha256="0" * 64,
         )
         assert self.run(self.storage.settle(receipt)) is True
         # Settling the same hold again must never charge twice.
-        again = ReceiptRecord(**{**{f: getattr(receipt, f) for f in receipt.__struct_fields__},
-                                 "id": f"rcpt_{next(_ids)}"})
+        again = ReceiptRecord(
+            **{
+                **{f: getattr(receipt, f) for f in receipt.__struct_fields__},
+                "id": f"rcpt_{next(_ids)}",
+            }
+        )
         assert self.run(self.storage.settle(again)) is False
         del self.open[rid]
         self.charges += cost
@@ -120,7 +148,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def books_balance(self):
         audit = self.run(self.storage.audit("prj_m", MONTH))
         assert audit.balance == audit.ledger_sum == self.credits - self.charges
-        assert audit.reserved == audit.open_reservations_sum == sum(a for a, _ in self.open.values())
+        held = sum(a for a, _ in self.open.values())
+        assert audit.reserved == audit.open_reservations_sum == held
         assert audit.month_spend == audit.month_charges_sum == self.charges
         assert audit.balance - audit.reserved >= 0  # never overspent
         assert self.run(self.storage.key_month_spend("key_m", MONTH)) == self.charges

@@ -118,7 +118,11 @@ class FakeUpstream:
             request.transport.abort()
             await self.hang(request, model)
         if model == "slow":
-            await asyncio.sleep(SLOW_S)
+            try:
+                await asyncio.sleep(SLOW_S)
+            except asyncio.CancelledError:  # the gateway hung up before the answer
+                self.disconnected[model] = time.monotonic()
+                raise
         if model == "redirect":
             raise web.HTTPTemporaryRedirect(f"{self.url}/stolen")
         return None
