@@ -8,30 +8,33 @@ upstream call); nothing is sent to a client that is gone.
 
 from __future__ import annotations
 
-import anyio
+import asyncio
 
 from gateway.errors import GatewayError, send_error
 from pipeline.context import context_of
 
 
-async def _until_disconnect(receive, cancel_scope: anyio.CancelScope) -> None:
+async def _cancel_on_disconnect(receive, handler: asyncio.Task) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-    cancel_scope.cancel()
+    handler.cancel()
 
 
 class Dispatch:
     async def __call__(self, scope, receive, send) -> None:
         ctx = context_of(scope)
-        response = error = None
-        async with anyio.create_task_group() as watch:
-            watch.start_soon(_until_disconnect, receive, watch.cancel_scope)
-            try:
-                response = await ctx.endpoint.handler(ctx)
-            except GatewayError as raised:  # caught here: the task group would wrap it
-                error = raised
-            watch.cancel_scope.cancel()
-        if error is not None:
+        # Plain asyncio tasks: an anyio task group here cost ~10x more on every request.
+        handler = asyncio.ensure_future(ctx.endpoint.handler(ctx))
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, handler))
+        try:
+            response = await handler
+        except GatewayError as error:
             await send_error(send, error, ctx.request_id)
-        elif response is not None:  # None: the client left while the handler ran
-            await response(scope, receive, send)
+            return
+        except asyncio.CancelledError:
+            if watcher.done():
+                return  # the client left: nobody to answer
+            raise
+        finally:
+            watcher.cancel()
+        await response(scope, receive, send)

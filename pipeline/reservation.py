@@ -34,7 +34,9 @@ class Reservation:
         try:
             amount = pricing.estimate(ctx)
             key_id = ctx.key.id if ctx.key is not None else None
-            ctx.reservation = await self.meter.reserve(ctx.project.id, key_id, amount)
+            # Shielded: a hold taken for a request cancelled meanwhile must still be released.
+            with anyio.CancelScope(shield=True):
+                ctx.reservation = await self.meter.reserve(ctx.project.id, key_id, amount)
         except GatewayError as error:
             await send_error(send, error, ctx.request_id)
             return

@@ -34,6 +34,7 @@ from storage.base import (
     TreeHeadRecord,
     now_s,
 )
+from storage.group_commit import GroupCommitWriter
 
 _LIMIT_REASONS = frozenset({"budget_exceeded", "insufficient_balance"})
 
@@ -115,12 +116,24 @@ class AdminEpoch:
         os.replace(tmp, self.path)
 
 
+_PRAGMAS = (
+    "journal_mode = WAL",
+    "synchronous = NORMAL",  # durable at checkpoints; safe from corruption in WAL
+    "foreign_keys = ON",
+    "busy_timeout = 5000",
+)
+
+
 class SQLiteStorage(Storage):
+    """Reads and multi-statement admin changes go through aiosqlite; the single-statement
+    writes of the request path (holds, settlements) through a group-commit writer."""
+
     def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         self._conn = conn
         self._epoch = AdminEpoch(path)
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
+        self._writer = GroupCommitWriter(path, _PRAGMAS)
 
     @classmethod
     async def open(cls, url: str) -> SQLiteStorage:
@@ -133,12 +146,7 @@ class SQLiteStorage(Storage):
         try:
             conn = await aiosqlite.connect(path, isolation_level=None)
             conn.row_factory = sqlite3.Row
-            for pragma in (
-                "journal_mode = WAL",
-                "synchronous = NORMAL",  # durable at checkpoints; safe from corruption in WAL
-                "foreign_keys = ON",
-                "busy_timeout = 5000",
-            ):
+            for pragma in _PRAGMAS:
                 await conn.execute(f"PRAGMA {pragma}")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open SQLite database {path}: {exc}") from None
@@ -146,7 +154,7 @@ class SQLiteStorage(Storage):
         try:
             await storage._migrate()
         except BaseException:
-            await conn.close()  # aiosqlite's thread would otherwise keep the process alive
+            await storage.close()  # the threads would otherwise keep the process alive
             raise
         return storage
 
@@ -178,17 +186,15 @@ class SQLiteStorage(Storage):
                 raise StorageError(str(exc)) from None
 
     async def _write(self, sql: str, params: tuple = ()) -> int:
-        """One statement in its own transaction (its triggers included); returns rowcount."""
-        async with self._write_lock:
-            try:
-                async with self._conn.execute(sql, params) as cursor:
-                    return cursor.rowcount
-            except sqlite3.IntegrityError as exc:
-                if str(exc) in _LIMIT_REASONS:
-                    raise LimitReached(str(exc)) from None
-                raise StateConflict(str(exc)) from None
-            except sqlite3.Error as exc:
-                raise StorageError(str(exc)) from None
+        """One atomic statement (its triggers included), committed; returns rowcount."""
+        try:
+            return await self._writer.execute(sql, params)
+        except sqlite3.IntegrityError as exc:
+            if str(exc) in _LIMIT_REASONS:
+                raise LimitReached(str(exc)) from None
+            raise StateConflict(str(exc)) from None
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from None
 
     async def _fetchall(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         try:
@@ -205,6 +211,7 @@ class SQLiteStorage(Storage):
             raise StorageError(str(exc)) from None
 
     async def close(self) -> None:
+        await self._writer.close()
         await self._conn.close()
 
     async def health(self) -> None:
@@ -424,8 +431,13 @@ class SQLiteStorage(Storage):
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
         rows = await self._fetchall(
-            "SELECT r.* FROM receipts r LEFT JOIN log_leaves l ON l.receipt_id = r.id"
-            " WHERE l.receipt_id IS NULL ORDER BY r.rowid LIMIT ?",
+            # Leaves follow receipt rowids, so the search starts after the last logged one
+            # instead of scanning every receipt ever issued.
+            "SELECT r.* FROM receipts r WHERE r.rowid > COALESCE("
+            " (SELECT x.rowid FROM log_leaves l JOIN receipts x ON x.id = l.receipt_id"
+            "  ORDER BY l.leaf_index DESC LIMIT 1), 0)"
+            " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = r.id)"
+            " ORDER BY r.rowid LIMIT ?",
             (limit,),
         )
         return [ReceiptRecord(**{**dict(row), "usage": orjson.loads(row["usage"])}) for row in rows]

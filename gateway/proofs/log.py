@@ -40,7 +40,10 @@ from storage.base import LogLeaf, TreeHeadRecord
 log = logging.getLogger("gateway.proofs")
 
 INTERVAL_S = 0.25
-BATCH = 500
+BATCH = 256
+# Signing costs about 80 µs a receipt on the event loop: yield between chunks so that a
+# full batch never holds requests up for more than a few milliseconds.
+YIELD_EVERY = 32
 
 
 class LogCorrupted(Exception):
@@ -139,7 +142,9 @@ class TransparencyLog:
                 return 0
             await self._catch_up()
             leaves = []
-            for record in records:
+            for n, record in enumerate(records, 1):
+                if n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 try:
                     receipt = public_receipt(record)
                 except msgspec.ValidationError as exc:
@@ -158,7 +163,10 @@ class TransparencyLog:
                 return len(records)
             self._tree.extend(leaf_hash(leaf.public_receipt) for leaf in leaves)
             signed = sign_tree_head(
-                self.key, self._tree.size, self._tree.root(), format_timestamp(time.time_ns() // 1000)
+                self.key,
+                self._tree.size,
+                self._tree.root(),
+                format_timestamp(time.time_ns() // 1000),
             )
             head = TreeHeadRecord(
                 size=signed.size,

@@ -15,7 +15,8 @@ from gateway.proofs.receipts import ProofDocument
 from gateway.proofs.verify import VerifyResult
 
 _STYLE = """
-body{font:15px/1.5 system-ui,sans-serif;max-width:46rem;margin:2rem auto;padding:0 1rem;color:#1b1b1b}
+body{font:15px/1.5 system-ui,sans-serif;max-width:46rem;margin:2rem auto;padding:0 1rem;
+color:#1b1b1b}
 h1{font-size:1.4rem;margin-bottom:.2rem}h2{font-size:1.1rem;margin-top:2rem}
 .id{font-family:ui-monospace,monospace;color:#555}
 .verdict{padding:.8rem 1rem;border-radius:6px;margin:1.2rem 0;font-weight:600}
@@ -58,7 +59,11 @@ def _page(title: str, body: str, *, refresh: bool = False) -> str:
 
 def _rows(rows: list[tuple[str, str]]) -> str:
     # Values arrive already escaped (some carry markup); names are ours.
-    return "<table>" + "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows) + "</table>"
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
+        + "</table>"
+    )
 
 
 def _hash(value: str) -> str:

@@ -9,7 +9,8 @@
   for JSON, as `gateway verify` does).
 
 Handlers need the query string and headers, which the request context does not carry, so
-they answer with a small ASGI app that reads them from the scope.
+they answer with a small ASGI app that reads them from the scope (and renders its own
+errors).
 """
 
 from __future__ import annotations
@@ -112,11 +113,11 @@ class ProofHandlers:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             first = _size(query, "first", required=True)
             second = _size(query, "second", required=False)
-            if second is None:
-                second = self.log.size
             if first < 1:
                 raise InvalidRequest("`first` must be at least 1.", param="first")
-            if second < first:
+            if second is None:
+                second = max(first, self.log.size)  # the latest head
+            elif second < first:
                 raise InvalidRequest("`second` must be at least `first`.", param="second")
             try:
                 first_head, second_head, proof = await self.log.consistency(first, second)
@@ -157,7 +158,8 @@ class ProofHandlers:
         return _encoded(doc)
 
     async def proof(self, ctx: RequestContext):
-        return await self._proof_json(ctx.path_params["receipt_id"])
+        receipt_id = ctx.path_params["receipt_id"]
+        return _FromScope(ctx.request_id, lambda scope: self._proof_json(receipt_id))
 
     async def page(self, ctx: RequestContext):
         receipt_id = ctx.path_params["receipt_id"]

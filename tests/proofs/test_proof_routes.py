@@ -1,0 +1,114 @@
+"""The proof endpoints in process, with the log integrator held back so that the pending
+state can be seen deterministically (through a real server it lasts under 250 ms)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.proofs.verify import verify_proof_document
+from storage import ReceiptRecord
+from tests.support.records import add_project
+
+CONFIG = """
+[storage]
+url = "sqlite:///data/gateway.db"
+[secrets]
+key_pepper_file = "data/key-pepper"
+signing_key_file = "data/signing-key"
+"""
+
+
+@pytest.fixture
+async def served(tmp_path):
+    app = create_app(parse_config(CONFIG, base_dir=tmp_path))
+    async with app.lifespan():
+        gateway = app.gateway
+        gateway.transparency_log._task.cancel()  # integrate only when the test says so
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+            yield gateway, client
+
+
+async def settled_receipt(gateway) -> str:
+    storage = gateway.storage
+    project = await add_project(storage, "hidden")
+    await storage.add_credit(project.id, 1_000_000, "2025-01")
+    reservation = await gateway.meter.reserve(project.id, None, 500)
+    receipt_id = "rcpt_" + hashlib.sha256(project.id.encode()).hexdigest()[:24]
+    await storage.settle(
+        ReceiptRecord(
+            id=receipt_id,
+            reservation_id=reservation.id,
+            project_id=project.id,
+            key_id=None,
+            request_id="req_x",
+            kind="inference",
+            endpoint="/v1/chat/completions",
+            model_or_runtime="echo-1",
+            status="succeeded",
+            usage={"input_tokens": 1, "output_tokens": 2},
+            cost=42,
+            month=reservation.month,
+            created_at=time.time_ns() // 1000,
+            request_sha256=hashlib.sha256(b"q").hexdigest(),
+            response_sha256=hashlib.sha256(b"a").hexdigest(),
+        )
+    )
+    return receipt_id
+
+
+async def test_a_receipt_waiting_for_the_log_answers_202_pending(served):
+    gateway, client = served
+    receipt_id = await settled_receipt(gateway)
+
+    response = await client.get(f"/api/proofs/{receipt_id}")
+    assert response.status_code == 202
+    assert response.headers["retry-after"] == "1"
+    assert response.headers["cache-control"] == "no-store"
+    body = response.json()
+    assert body["status"] == "pending"
+    assert body["receipt_id"] == receipt_id
+
+    page = await client.get(f"/proofs/{receipt_id}")
+    assert page.status_code == 202
+    assert '<meta http-equiv="refresh" content="1">' in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
+
+    await gateway.transparency_log.integrate()
+    response = await client.get(f"/api/proofs/{receipt_id}")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json; charset=utf-8"
+    result = verify_proof_document(response.json(), gateway.signing_key.public_key)
+    assert result.ok, result.reasons
+    assert response.json()["receipt"]["cost"] == "0.000042"
+
+
+async def test_the_page_answers_json_to_a_client_that_asks_only_for_json(served):
+    gateway, client = served
+    receipt_id = await settled_receipt(gateway)
+    await gateway.transparency_log.integrate()
+    as_json = await client.get(f"/proofs/{receipt_id}", headers={"accept": "application/json"})
+    assert as_json.headers["content-type"].startswith("application/json")
+    assert as_json.json()["receipt"]["id"] == receipt_id
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    as_html = await client.get(f"/proofs/{receipt_id}", headers={"accept": browser})
+    assert as_html.headers["content-type"].startswith("text/html")
+    assert "gateway verify http://gw.test/api/proofs/" in as_html.text
+
+
+async def test_the_signing_key_is_created_once_and_kept(tmp_path):
+    config = parse_config(CONFIG, base_dir=tmp_path)
+    keys = []
+    for _ in range(2):
+        app = create_app(config)
+        async with app.lifespan():
+            keys.append(app.gateway.signing_key.public_key)
+    assert keys[0] == keys[1]
+    assert (tmp_path / "data" / "signing-key").stat().st_mode & 0o777 == 0o600
