@@ -18,6 +18,7 @@ from gateway.proofs.signing import SigningKey, load_or_create_signing_key
 from gateway.providers import Providers
 from gateway.ratelimit import Gcra
 from gateway.routes import RouteTable
+from gateway.sandbox.executions import SandboxExecutions
 from gateway.secretfile import load_or_create_secret
 from pipeline import build_pipeline
 from storage import Storage, open_storage
@@ -41,7 +42,10 @@ class Gateway:
         core = CoreHandlers(self)
         inference = InferenceHandlers(self.providers, config.limits.gateway_timeout_s)
         proofs = ProofHandlers(self)
-        self.routes = RouteTable(core.routes() + inference.routes() + proofs.routes())
+        self.sandboxes = SandboxExecutions(self)
+        self.routes = RouteTable(
+            core.routes() + inference.routes() + proofs.routes() + self.sandboxes.routes()
+        )
 
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
@@ -55,8 +59,10 @@ class Gateway:
         self.transparency_log = TransparencyLog(self.storage, self.signing_key)
         await self.transparency_log.start()  # integrates receipts in the background
         await self.providers.start()
+        await self.sandboxes.start()  # node session; with spawn = true, the local node
 
     async def stop(self) -> None:
+        await self.sandboxes.close()
         await self.providers.close()
         if self.meter is not None:
             await self.meter.stop()

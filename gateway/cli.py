@@ -14,11 +14,14 @@ from gateway import keys
 from gateway.config import ConfigError, load_config
 from gateway.metering import current_month
 from gateway.money import format_amount, parse_amount
+from gateway.proofs import verify_cli
+from gateway.sandbox.limits import SANDBOX_LIMITS
 from gateway.secretfile import load_or_create_secret
 from storage import (
     KeyRecord,
     ProjectRecord,
     RecordNotFound,
+    SandboxRecord,
     StateConflict,
     StorageError,
     open_storage,
@@ -187,6 +190,55 @@ async def keys_show(args, config, storage) -> dict:
     return await key_view(storage, key)
 
 
+def sandbox_view(sandbox: SandboxRecord) -> dict:
+    return {
+        "id": sandbox.id,
+        "object": "sandbox",
+        "project": sandbox.project_id,
+        "runtime": sandbox.runtime,
+        "timeout_s": sandbox.timeout_s,
+        "memory_mb": sandbox.memory_mb,
+        "created_at": _iso(sandbox.created_at),
+    }
+
+
+async def sandboxes_create(args, config, storage) -> dict:
+    for name, value in (("timeout_s", args.timeout_s), ("memory_mb", args.memory_mb)):
+        limit = SANDBOX_LIMITS[name]
+        if not limit.low <= value <= limit.high:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{flag} must be between {limit.low} and {limit.high}")
+    sandbox = SandboxRecord(
+        id=new_id("sbx"),
+        project_id=args.project,
+        runtime=args.runtime,
+        timeout_s=args.timeout_s,
+        memory_mb=args.memory_mb,
+        created_at=now_s(),
+    )
+    return sandbox_view(await storage.create_sandbox(sandbox))
+
+
+def sandbox_node(args, config) -> int:
+    from gateway.config import SandboxNodeConfig
+    from gateway.sandbox.node import serve_node
+    from gateway.sandbox.supervisor import node_address
+
+    node = config.sandbox_node or SandboxNodeConfig()
+    try:
+        host, port = node_address(node.url)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    secret_file = config.path(node.secret_file)
+    asyncio.run(
+        serve_node(
+            args.host or host, args.port or port, secret_file, max_concurrent=node.max_concurrent
+        )
+    )
+    return 0
+
+
 def serve(args, config) -> int:
     import uvicorn
 
@@ -264,6 +316,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--project", required=True)
     p.add_argument("amount", type=_parse_amount_arg)
     p.set_defaults(action_fn=credit_add)
+
+    sandboxes = commands.add_parser("sandboxes", help="sandbox configurations")
+    sandboxes_cmd = sandboxes.add_subparsers(dest="action", required=True)
+    p = sandboxes_cmd.add_parser("create", parents=[common])
+    p.add_argument("--project", required=True)
+    p.add_argument("--runtime", required=True, choices=["python", "node", "bash"])
+    p.add_argument("--timeout-s", type=int, default=SANDBOX_LIMITS["timeout_s"].default)
+    p.add_argument("--memory-mb", type=int, default=SANDBOX_LIMITS["memory_mb"].default)
+    p.set_defaults(action_fn=sandboxes_create)
+
+    p = commands.add_parser("sandbox-node", parents=[common], help="run the sandbox node")
+    p.add_argument("--host", help="default: the host of [sandbox_node] url")
+    p.add_argument("--port", type=int, help="default: the port of [sandbox_node] url")
+    p.set_defaults(run=sandbox_node)
+
+    verify_cli.add_parser(commands, common)  # needs no config: a customer runs it anywhere
     return parser
 
 
@@ -288,6 +356,8 @@ def _fail(message: str, as_json: bool, kind: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     as_json = getattr(args, "json", False)
+    if hasattr(args, "standalone"):
+        return args.standalone(args)
     try:
         config = load_config(args.config)
         if hasattr(args, "run"):

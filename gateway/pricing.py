@@ -34,3 +34,33 @@ class InferencePricing:
         return cost_of_tokens(
             usage.get("input_tokens", 0), ctx.model.input_price_per_mtok
         ) + cost_of_tokens(usage.get("output_tokens", 0), ctx.model.output_price_per_mtok)
+
+
+class SandboxPricing:
+    """A fixed fee per execution plus wall time, in micro-units, rounded up.
+
+    The payload is a `gateway.sandbox.executions.Execution` whose `sandbox` record (read
+    by the endpoint's admit check) fixes the timeout, and so the most a run can cost.
+    """
+
+    kind = "sandbox"
+
+    def __init__(self, per_execution: int, per_second: int) -> None:
+        self.per_execution = per_execution
+        self.per_second = per_second
+
+    def hold(self, timeout_s: int) -> int:
+        return self.per_execution + self.per_second * timeout_s
+
+    @staticmethod
+    def subject(ctx: RequestContext) -> str:
+        return ctx.payload.runtime
+
+    def estimate(self, ctx: RequestContext) -> int:
+        return self.hold(ctx.payload.sandbox.timeout_s)
+
+    def cost(self, ctx: RequestContext) -> int:
+        duration_ms = (ctx.usage or {}).get("duration_ms", 0)
+        # A timed-out run overshoots its limit by the kill's latency: never bill that.
+        duration_ms = min(duration_ms, ctx.payload.sandbox.timeout_s * 1000)
+        return self.per_execution + -(-duration_ms * self.per_second // 1000)

@@ -24,6 +24,9 @@ class Endpoint:
     scope: str  # a key scope, ANY_VALID_KEY or PUBLIC
     handler: Handler
     decode: Callable[[bytes], Any] | None = None  # body decoder; None: no body is read
+    # Checks that need storage, run by policy before anything is reserved (e.g. loading a
+    # sandbox configuration whose limits fix the price); raise a GatewayError to refuse.
+    admit: Callable[[RequestContext], Awaitable[None]] | None = None
     pricing: Any = None  # estimate/cost of a metered endpoint (gateway.pricing); None: free
     listed: bool = True  # shown by GET /v1
 

@@ -4,7 +4,8 @@ Reads: `ctx.body`, `ctx.endpoint.decode`, `ctx.key`, `ctx.project`. Writes: `ctx
 `ctx.model_id`, `ctx.model`. Rejects: 400 invalid_request with `param` (shape, image
 inputs, tools to a model without tool support), 404 model_not_found, 403
 model_not_allowed (project allowlist or exclusions, key's models), 503
-service_unavailable (model marked unavailable, or its provider not configured).
+service_unavailable (model marked unavailable, or its provider not configured), and
+whatever the endpoint's own `admit` check refuses (e.g. a foreign sandbox: 404).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Policy:
             try:
                 ctx.payload = ctx.endpoint.decode(ctx.body)
                 self._admit_model(ctx)
+                if ctx.endpoint.admit is not None:
+                    await ctx.endpoint.admit(ctx)
             except GatewayError as error:
                 await send_error(send, error, ctx.request_id)
                 return

@@ -12,6 +12,7 @@ it to the request's nonce means a recorded answer is worthless for any other req
 and the `request` / `response` tags mean one can never pass for the other.
 """
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -21,6 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from gateway import secretfile
 
 TIMESTAMP_HEADER = "x-sandbox-timestamp"
 NONCE_HEADER = "x-sandbox-nonce"
@@ -135,27 +138,17 @@ def load_or_create_secret(path: str | os.PathLike[str]) -> bytes:
     """
     path = Path(path)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _create_secret_file(path)
+        # O_EXCL: a concurrent creator wins, and its file may not be written yet when
+        # secretfile reads it back (ValueError): the loop below waits for it.
+        with contextlib.suppress(ValueError):
+            secretfile.load_or_create_secret(path, 32)
     secret = path.read_bytes().strip()
+    # The gateway and a node may start together: the other one may be between creating
+    # the file and writing it (one write of 65 bytes), so an empty file is read again.
+    deadline = time.monotonic() + 1.0
+    while not secret and time.monotonic() < deadline:
+        time.sleep(0.01)
+        secret = path.read_bytes().strip()
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"{path}: the secret must be at least {MIN_SECRET_BYTES} characters")
     return secret
-
-
-def _create_secret_file(path: Path) -> None:
-    # Written beside the target, then linked into place: the gateway and a node it
-    # spawns may start together, and neither must ever read a half-written file.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, (secrets.token_hex(32) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass  # the other process won; use its secret
-    finally:
-        tmp.unlink()
