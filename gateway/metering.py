@@ -25,6 +25,7 @@ log = logging.getLogger("gateway.metering")
 
 LEASE_S = 600  # longer than any request may run (gateway timeout 120 s, sandbox limits)
 SWEEP_EVERY_S = 30
+CHECKPOINT_EVERY_S = 1  # the request path's writer never checkpoints (it would fsync)
 
 
 def current_month() -> str:
@@ -72,13 +73,17 @@ class Meter:
                 await asyncio.gather(self._sweeper, return_exceptions=True)
 
     async def _sweep_forever(self) -> None:
+        last_sweep = time.monotonic()
         while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
+            await asyncio.sleep(CHECKPOINT_EVERY_S)
             try:
-                await self.storage.renew_leases(self.owner, int(time.time()) + LEASE_S)
-                await self.storage.release_abandoned(owner_alive)
+                await self.storage.checkpoint()
+                if time.monotonic() - last_sweep >= SWEEP_EVERY_S:
+                    last_sweep = time.monotonic()
+                    await self.storage.renew_leases(self.owner, int(time.time()) + LEASE_S)
+                    await self.storage.release_abandoned(owner_alive)
             except Exception:
-                log.exception("lease renewal or sweep failed; retrying")
+                log.exception("storage housekeeping failed; retrying")
 
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> ReservationRecord:
         now = int(time.time())

@@ -142,6 +142,9 @@ class Storage(abc.ABC):
     async def health(self) -> None:
         """Raise StorageError when the backend cannot answer."""
 
+    async def checkpoint(self) -> None:  # noqa: B027 (optional: most backends need nothing)
+        """Periodic housekeeping of the backend's write log, if it has one."""
+
     @abc.abstractmethod
     def admin_epoch(self) -> Hashable:
         """A cheap token that changes after any key or project change, by any process."""

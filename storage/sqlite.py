@@ -210,6 +210,10 @@ class SQLiteStorage(Storage):
         except sqlite3.Error as exc:
             raise StorageError(str(exc)) from None
 
+    async def checkpoint(self) -> None:
+        """Fold the WAL into the database file (off the event loop; it fsyncs)."""
+        await self._fetchone("PRAGMA wal_checkpoint(PASSIVE)")
+
     async def close(self) -> None:
         await self._writer.close()
         await self._conn.close()

@@ -1,0 +1,60 @@
+"""The request path's writer: batched, and never blocking the event loop on a lock."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+from storage import ProjectRecord, ReservationRecord, open_storage
+
+
+def hold(i: int) -> ReservationRecord:
+    return ReservationRecord(
+        id=f"rsv_{i}",
+        project_id="prj_g",
+        key_id=None,
+        amount=1,
+        month="2026-11",
+        owner="t:1:1",
+        lease_until=2**40,
+        created_at=0,
+    )
+
+
+async def test_a_locked_database_delays_the_write_without_blocking_the_loop(tmp_path):
+    path = tmp_path / "g.db"
+    storage = await open_storage(f"sqlite:///{path}")
+    await storage.create_project(ProjectRecord(id="prj_g", name="g"))
+    await storage.add_credit("prj_g", 1_000, "2026-11")
+    other = sqlite3.connect(path, isolation_level=None)  # e.g. the CLI in another process
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        write = asyncio.create_task(storage.reserve(hold(1)))
+        ticks = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 0.3:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks >= 20, "the event loop was blocked by the lock"
+        assert not write.done()
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    await asyncio.wait_for(write, 2)
+    assert (await storage.project_account("prj_g", "2026-11")).reserved == 1
+    await storage.close()
+
+
+async def test_concurrent_writes_share_transactions_and_keep_their_own_outcomes(tmp_path):
+    storage = await open_storage(f"sqlite:///{tmp_path / 'g.db'}")
+    await storage.create_project(ProjectRecord(id="prj_g", name="g"))
+    await storage.add_credit("prj_g", 10, "2026-11")
+    outcomes = await asyncio.gather(
+        *(storage.reserve(hold(i)) for i in range(25)), return_exceptions=True
+    )
+    # One batch, one commit, yet each hold was checked against the ones before it.
+    assert sum(o is None for o in outcomes) == 10
+    assert {type(o).__name__ for o in outcomes if o is not None} == {"LimitReached"}
+    assert (await storage.project_account("prj_g", "2026-11")).reserved == 10
+    await storage.close()
