@@ -130,6 +130,7 @@ class SQLiteStorage(Storage):
 
     def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         self._conn = conn
+        self._path = path
         self._epoch = AdminEpoch(path)
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
@@ -211,8 +212,20 @@ class SQLiteStorage(Storage):
             raise StorageError(str(exc)) from None
 
     async def checkpoint(self) -> None:
-        """Fold the WAL into the database file (off the event loop; it fsyncs)."""
-        await self._fetchone("PRAGMA wal_checkpoint(PASSIVE)")
+        """Fold the WAL into the database file, on a connection and thread of its own (it
+        fsyncs, and must not meet the shared connection's open cursors)."""
+
+        def fold() -> None:
+            conn = sqlite3.connect(self._path, isolation_level=None)
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.close()
+
+        try:
+            await asyncio.to_thread(fold)
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from None
 
     async def close(self) -> None:
         await self._writer.close()

@@ -25,8 +25,12 @@ async def project(storage, *, credit=0, budget=None, limit=None) -> tuple[str, s
     await storage.create_project(ProjectRecord(id=pid, name="t", monthly_budget=budget))
     await storage.create_key(
         KeyRecord(
-            id=kid, prefix=f"proj_live_{next(_ids):08d}", key_hash=b"h", project_id=pid,
-            scopes=frozenset({"inference"}), monthly_limit=limit,
+            id=kid,
+            prefix=f"proj_live_{next(_ids):08d}",
+            key_hash=b"h",
+            project_id=pid,
+            scopes=frozenset({"inference"}),
+            monthly_limit=limit,
         )
     )
     if credit:
@@ -36,17 +40,34 @@ async def project(storage, *, credit=0, budget=None, limit=None) -> tuple[str, s
 
 def hold(pid, kid, amount, owner="test:1:1", lease_until=2**40) -> ReservationRecord:
     return ReservationRecord(
-        id=f"rsv_{next(_ids)}", project_id=pid, key_id=kid, amount=amount, month=MONTH,
-        owner=owner, lease_until=lease_until, created_at=0,
+        id=f"rsv_{next(_ids)}",
+        project_id=pid,
+        key_id=kid,
+        amount=amount,
+        month=MONTH,
+        owner=owner,
+        lease_until=lease_until,
+        created_at=0,
     )
 
 
 def receipt(r: ReservationRecord, cost: int) -> ReceiptRecord:
     return ReceiptRecord(
-        id=f"rcpt_{next(_ids)}", reservation_id=r.id, project_id=r.project_id, key_id=r.key_id,
-        request_id="req_t", kind="inference", endpoint="/v1/chat/completions",
-        model_or_runtime="echo-1", status="succeeded", usage={"input_tokens": 1}, cost=cost,
-        month=MONTH, created_at=1, request_sha256="a" * 64, response_sha256="b" * 64,
+        id=f"rcpt_{next(_ids)}",
+        reservation_id=r.id,
+        project_id=r.project_id,
+        key_id=r.key_id,
+        request_id="req_t",
+        kind="inference",
+        endpoint="/v1/chat/completions",
+        model_or_runtime="echo-1",
+        status="succeeded",
+        usage={"input_tokens": 1},
+        cost=cost,
+        month=MONTH,
+        created_at=1,
+        request_sha256="a" * 64,
+        response_sha256="b" * 64,
     )
 
 
@@ -116,8 +137,10 @@ async def test_release_frees_without_charging(storage):
 
 async def test_abandoned_holds_are_released(storage):
     pid, kid = await project(storage, credit=1_000)
-    dead, live, expired = hold(pid, kid, 100, "h:1:dead"), hold(pid, kid, 100, "h:2:live"), hold(
-        pid, kid, 100, "elsewhere:3:x", lease_until=1
+    dead, live, expired = (
+        hold(pid, kid, 100, "h:1:dead"),
+        hold(pid, kid, 100, "h:2:live"),
+        hold(pid, kid, 100, "elsewhere:3:x", lease_until=1),
     )
     for r in (dead, live, expired):
         await storage.reserve(r)
