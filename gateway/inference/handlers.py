@@ -11,11 +11,11 @@ A failure before anything was sent raises, and leaves `ctx.outcome` None.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-import anyio
 import msgspec
 import orjson
 from starlette.responses import Response
@@ -116,7 +116,7 @@ class InferenceHandlers:
     async def _call(self, provider: Provider, call):
         """Await one whole upstream answer within the gateway timeout."""
         try:
-            with anyio.fail_after(self.timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 return await call
         except TimeoutError:
             log.warning("provider %s gave no answer within %.1f s", provider.name, self.timeout_s)

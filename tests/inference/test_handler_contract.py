@@ -19,7 +19,8 @@ from gateway.errors import ProviderError
 from gateway.inference.handlers import InferenceHandlers
 from gateway.inference.tokens import estimate_tokens
 from gateway.providers import Providers
-from pipeline.context import RequestContext
+from pipeline.context import STATE_KEY, RequestContext
+from pipeline.dispatch import Dispatch
 from tests.support.fake_upstream import REPLY_PIECES
 from tests.support.inference import OPENAI_CREDENTIAL
 
@@ -86,8 +87,19 @@ class Client:
             self.gone.set()
 
     async def run(self, response) -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
-        await response(scope, self.receive, self.send)
+        await response(self.scope(), self.receive, self.send)
+
+    async def run_dispatch(self) -> None:
+        """The handler and its response as the dispatch stage runs them: it is what
+        notices a client that leaves."""
+        await Dispatch()(self.scope(), self.receive, self.send)
+
+    def scope(self) -> dict:
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "state": {STATE_KEY: self.ctx},
+        }
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
@@ -121,11 +133,10 @@ async def test_client_gone_mid_stream_closes_upstream_and_bills_what_was_sent(
 ):
     fake_openai.disconnected.pop("hang-stream", None)
     body = b'{"model":"hang","stream":true,"messages":[{"role":"user","content":"x"}]}'
-    ctx, handler = context(handlers, "/v1/chat/completions", body)
-    response = await handler(ctx)
+    ctx, _ = context(handlers, "/v1/chat/completions", body)
     client = Client(ctx, leave_after=b'" from"')
     started = time.monotonic()
-    await asyncio.wait_for(client.run(response), 5)
+    await asyncio.wait_for(client.run_dispatch(), 5)
     assert time.monotonic() - started < 2  # not the upstream's hour, nor the gateway timeout
     deadline = time.monotonic() + 2
     while "hang-stream" not in fake_openai.disconnected and time.monotonic() < deadline:
