@@ -8,23 +8,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.support.errors import SPEC_ERRORS, assert_error
+from tests.support.errors import REQUEST_ERRORS, SPEC_ERRORS, assert_error
 from tests.support.strategies import mostly
-
-REQUEST_ERRORS = {  # what a client mistake or a limit may earn before or at dispatch
-    "invalid_request",
-    "invalid_api_key",
-    "forbidden",
-    "insufficient_scope",
-    "model_not_allowed",
-    "model_not_found",
-    "not_found",
-    "method_not_allowed",
-    "rate_limit_exceeded",
-    "service_unavailable",
-    "budget_exceeded",
-    "insufficient_balance",
-}
 
 
 @pytest.fixture(scope="module")

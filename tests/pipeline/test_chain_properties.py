@@ -26,7 +26,7 @@ from pipeline.routing import Routing
 from pipeline.scope import Scope
 from storage import open_storage
 from tests.support.asgi import Recorder, call
-from tests.support.errors import SPEC_ERRORS, assert_error
+from tests.support.errors import SPEC_ERRORS, STAGE_ERRORS, assert_error
 from tests.support.records import add_key, add_project
 from tests.support.strategies import mostly
 
@@ -42,20 +42,6 @@ provider = "local"
 provider = "local"
 available = false
 """
-
-# What the stages up to the rate limit may answer; anything else (500 above all) is a bug.
-STAGE_ERRORS = {
-    "invalid_request",
-    "invalid_api_key",
-    "forbidden",
-    "insufficient_scope",
-    "model_not_allowed",
-    "model_not_found",
-    "not_found",
-    "method_not_allowed",
-    "rate_limit_exceeded",
-    "service_unavailable",
-}
 
 
 async def _handler(ctx):

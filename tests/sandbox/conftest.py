@@ -4,6 +4,7 @@ import time
 import pytest
 
 from gateway.sandbox.isolation import SLOT_UID_BASE, Sandbox
+from tests.support.processes import live_processes
 
 
 @pytest.fixture(scope="session")
@@ -34,15 +35,4 @@ def survivors():
 
 
 def _processes_of(uid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] != "Z":
-            found.append(int(entry))
-    return found
+    return live_processes(lambda found: found == uid)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.gateway_process import GATEWAY, GatewayProcess, free_port
+from tests.support.processes import live_processes
 
 PER_EXECUTION = Decimal("0.001")
 PER_SECOND = Decimal("0.01")
@@ -124,16 +125,4 @@ def expected_cost(duration_ms: int) -> Decimal:
 
 def slot_processes() -> list[int]:
     """Live host processes running as any slot uid (20000 + slot)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as status:
-                fields = dict(line.split(":", 1) for line in status)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        uid = int(fields["Uid"].split()[0])
-        if SLOT_UID_BASE <= uid < SLOT_UID_BASE + 64 and fields["State"].split()[0] != "Z":
-            found.append(int(entry))
-    return found
+    return live_processes(lambda uid: SLOT_UID_BASE <= uid < SLOT_UID_BASE + 64)

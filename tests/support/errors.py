@@ -66,3 +66,22 @@ def without_request_id(response) -> bytes:
     request_id = response.headers["x-request-id"].encode()
     assert response.content.count(request_id) == 1
     return response.content.replace(request_id, b"req_X")
+
+
+# What the stages up to the rate limit may answer; anything else (500 above all) is a bug.
+STAGE_ERRORS = frozenset(
+    {
+        "invalid_request",
+        "invalid_api_key",
+        "forbidden",
+        "insufficient_scope",
+        "model_not_allowed",
+        "model_not_found",
+        "not_found",
+        "method_not_allowed",
+        "rate_limit_exceeded",
+        "service_unavailable",
+    }
+)
+# And what a request may earn up to dispatch, money included.
+REQUEST_ERRORS = STAGE_ERRORS | {"budget_exceeded", "insufficient_balance"}
