@@ -12,6 +12,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from gateway.errors import InvalidRequest
+from gateway.validation import param_path
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -22,12 +23,56 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
 
 
-def _reject_images(parts: list[dict[str, Any]], where: str) -> None:
+class _ContentPart(msgspec.Struct, kw_only=True):
+    """What the gateway itself reads of a content part (the rest passes through as sent)."""
+
+    type: str
+    text: str | UnsetType = UNSET
+    refusal: str | UnsetType = UNSET
+
+
+class _InputMessage(msgspec.Struct, kw_only=True):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] = "user"
+    content: str | list[_ContentPart]
+
+
+class _FunctionCall(msgspec.Struct, kw_only=True):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class _FunctionCallOutput(msgspec.Struct, kw_only=True):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[_ContentPart]
+
+
+# Responses input items are free-form JSON; the forms the gateway translates are checked
+# against these shapes, so a wrong type is a 400 with its path, never a 500 later.
+_INPUT_ITEM_SHAPES = {
+    "message": _InputMessage,
+    "function_call": _FunctionCall,
+    "function_call_output": _FunctionCallOutput,
+}
+
+
+def _check_shape(value: Any, shape: type, where: str) -> None:
+    try:
+        msgspec.convert(value, shape)
+    except msgspec.ValidationError as exc:
+        inner = param_path(str(exc))
+        param = f"{where}.{inner}" if inner else where
+        raise InvalidRequest(f"Invalid value at {param}.", param=param) from None
+
+
+def _check_parts(parts: list[Any], where: str) -> None:
     for j, part in enumerate(parts):
-        if not isinstance(part, dict):  # Responses content is untyped: [null] must not be a 500
-            raise InvalidRequest("A content part must be an object.", param=f"{where}.{j}")
-        if part.get("type") in IMAGE_PART_TYPES:
+        if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
             raise InvalidRequest("Image inputs are not supported.", param=f"{where}.{j}")
+        _check_shape(part, _ContentPart, f"{where}.{j}")
 
 
 class _Request(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -80,7 +125,7 @@ class ChatRequest(_Request):
                     "Every message needs a content.", param=f"messages.{i}.content"
                 )
             if isinstance(content, list):
-                _reject_images(content, f"messages.{i}.content")
+                _check_parts(content, f"messages.{i}.content")
 
     @property
     def output_limit(self) -> int | None:
@@ -102,11 +147,17 @@ class ResponsesRequest(_Request):
         if isinstance(self.input, str):
             return
         for i, item in enumerate(self.input):
-            if item.get("type") in IMAGE_PART_TYPES:
+            kind = item.get("type") or "message"
+            if not isinstance(kind, str):
+                raise InvalidRequest("An item type must be a string.", param=f"input.{i}.type")
+            if kind in IMAGE_PART_TYPES:
                 raise InvalidRequest("Image inputs are not supported.", param=f"input.{i}")
             content = item.get("content")
             if isinstance(content, list):
-                _reject_images(content, f"input.{i}.content")
+                _check_parts(content, f"input.{i}.content")
+            shape = _INPUT_ITEM_SHAPES.get(kind)
+            if shape is not None:
+                _check_shape(item, shape, f"input.{i}")
 
     @property
     def output_limit(self) -> int | None:
