@@ -29,6 +29,28 @@ def _split(n: int) -> int:
     return 1 << ((n - 1).bit_length() - 1)
 
 
+class _Level:
+    """One row of hashes packed in one buffer: 32 bytes a node, where a list of `bytes`
+    objects costs about 80 (the tree holds two nodes per receipt ever issued)."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._buffer) // HASH_SIZE
+
+    def __getitem__(self, i: int) -> bytes:
+        return bytes(self._buffer[i * HASH_SIZE : (i + 1) * HASH_SIZE])
+
+    def append(self, node: bytes) -> None:
+        self._buffer += node
+
+    def last_pair(self) -> tuple[bytes, bytes]:
+        return bytes(self._buffer[-2 * HASH_SIZE : -HASH_SIZE]), bytes(self._buffer[-HASH_SIZE:])
+
+
 class MerkleTree:
     """An append-only tree over leaf hashes that also answers for every earlier size.
 
@@ -38,7 +60,7 @@ class MerkleTree:
     """
 
     def __init__(self, leaf_hashes: Iterable[bytes] = ()) -> None:
-        self._levels: list[list[bytes]] = [[]]
+        self._levels: list[_Level] = [_Level()]
         self.extend(leaf_hashes)
 
     @property
@@ -54,9 +76,8 @@ class MerkleTree:
             # An even count at a level means its last two subtrees just completed a parent.
             while len(self._levels[height]) % 2 == 0:
                 if height + 1 == len(self._levels):
-                    self._levels.append([])
-                pair = self._levels[height][-2:]
-                self._levels[height + 1].append(node_hash(*pair))
+                    self._levels.append(_Level())
+                self._levels[height + 1].append(node_hash(*self._levels[height].last_pair()))
                 height += 1
 
     def root(self, size: int | None = None) -> bytes:
