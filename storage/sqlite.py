@@ -116,11 +116,14 @@ class AdminEpoch:
         os.replace(tmp, self.path)
 
 
+_WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
+
 _PRAGMAS = (
     "journal_mode = WAL",
     "synchronous = NORMAL",  # durable at checkpoints; safe from corruption in WAL
     "foreign_keys = ON",
     "busy_timeout = 5000",
+    f"journal_size_limit = {_WAL_SIZE_LIMIT}",
 )
 
 
@@ -212,13 +215,19 @@ class SQLiteStorage(Storage):
             raise StorageError(str(exc)) from None
 
     async def checkpoint(self) -> None:
-        """Fold the WAL into the database file, on a connection and thread of its own (it
-        fsyncs, and must not meet the shared connection's open cursors)."""
+        """Fold the WAL into the database file and let it start over.
+
+        On a connection and thread of its own: it fsyncs, and waits for readers. RESTART,
+        not PASSIVE: under unbroken writes a passive checkpoint copies frames but the WAL
+        never starts over (6.7 GB after a 10-minute soak). Meanwhile the request path's
+        writer finds the database busy and retries asynchronously; the loop never waits.
+        """
 
         def fold() -> None:
-            conn = sqlite3.connect(self._path, isolation_level=None)
+            conn = sqlite3.connect(self._path, isolation_level=None, timeout=2.0)
             try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+                conn.execute("PRAGMA wal_checkpoint(RESTART)")
             finally:
                 conn.close()
 
