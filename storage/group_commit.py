@@ -4,7 +4,10 @@ together in one transaction, and each caller resumes after the commit.
 Every statement stays atomic on its own (a trigger's RAISE(ABORT) undoes only its
 statement), so batching changes nothing but the cost: one commit for a batch instead of
 one per write. A caller that is cancelled still has its statement run; callers that must
-know the outcome (a reservation) shield themselves.
+know the outcome (a reservation) shield themselves. A write may also be a unit of several
+statements (the log's leaves and tree head), made atomic by a savepoint. All of the
+process's writes on the request's side go through here: a second writing connection
+would be starved by batches that follow one another without a gap.
 
 The batch runs on the event loop itself: a few single-row statements take tens of
 microseconds, while a hop to a worker thread and back measured 200-350 us on the 2-core
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 MAX_BATCH = 256
+_UNIT = "-- several statements, all or nothing"
 BUSY_RETRY_S = 0.001
 BUSY_GIVE_UP_S = 5.0
 
@@ -31,11 +35,18 @@ class GroupCommitWriter:
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         for pragma in (*pragmas, "busy_timeout = 0", "wal_autocheckpoint = 0"):
             self._conn.execute(f"PRAGMA {pragma}")
-        self._pending: list[tuple[str, tuple, asyncio.Future]] = []
+        self._pending: list[tuple[str, tuple | list[tuple], asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
 
     async def execute(self, sql: str, params: tuple) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""
+        return await self._queue(sql, params)
+
+    async def execute_unit(self, statements: list[tuple[str, list[tuple]]]) -> None:
+        """Run each statement over its parameter rows, all or nothing, in the next batch."""
+        await self._queue(_UNIT, statements)
+
+    async def _queue(self, sql: str, params) -> int:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((sql, params, future))
         if self._flusher is None:
@@ -79,8 +90,11 @@ class GroupCommitWriter:
         try:
             for sql, params, _ in batch:
                 try:
-                    outcomes.append(conn.execute(sql, params).rowcount)
-                except sqlite3.IntegrityError as exc:  # this statement only was undone
+                    if sql is _UNIT:
+                        outcomes.append(self._run_unit(params))
+                    else:
+                        outcomes.append(conn.execute(sql, params).rowcount)
+                except sqlite3.IntegrityError as exc:  # this statement (or unit) only was undone
                     outcomes.append(exc)
             conn.execute("COMMIT")
         except BaseException:
@@ -88,6 +102,19 @@ class GroupCommitWriter:
                 conn.execute("ROLLBACK")
             raise
         return outcomes
+
+    def _run_unit(self, statements: list[tuple[str, list[tuple]]]) -> int:
+        conn = self._conn
+        conn.execute("SAVEPOINT unit")
+        try:
+            for sql, rows in statements:
+                conn.executemany(sql, rows)
+        except sqlite3.IntegrityError:
+            conn.execute("ROLLBACK TO unit")
+            conn.execute("RELEASE unit")
+            raise
+        conn.execute("RELEASE unit")
+        return 0
 
     async def close(self) -> None:
         if self._flusher is not None:

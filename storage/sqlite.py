@@ -469,17 +469,27 @@ class SQLiteStorage(Storage):
         return [ReceiptRecord(**{**dict(row), "usage": orjson.loads(row["usage"])}) for row in rows]
 
     async def append_log(self, leaves: list[LogLeaf], head: TreeHeadRecord) -> None:
-        async with self._transaction() as db:
-            await db.executemany(
-                "INSERT INTO log_leaves (leaf_index, receipt_id, public_receipt, signature)"
-                " VALUES (?, ?, ?, ?)",
-                [(x.leaf_index, x.receipt_id, x.public_receipt, x.signature) for x in leaves],
+        leaf_rows = [(x.leaf_index, x.receipt_id, x.public_receipt, x.signature) for x in leaves]
+        head_row = (head.size, head.root_hash, head.timestamp, head.key_id, head.signature)
+        try:
+            await self._writer.execute_unit(
+                [
+                    (
+                        "INSERT INTO log_leaves (leaf_index, receipt_id, public_receipt,"
+                        " signature) VALUES (?, ?, ?, ?)",
+                        leaf_rows,
+                    ),
+                    (
+                        "INSERT INTO tree_heads (size, root_hash, timestamp, key_id, signature)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        [head_row],
+                    ),
+                ]
             )
-            await db.execute(
-                "INSERT INTO tree_heads (size, root_hash, timestamp, key_id, signature)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (head.size, head.root_hash, head.timestamp, head.key_id, head.signature),
-            )
+        except sqlite3.IntegrityError as exc:
+            raise StateConflict(str(exc)) from None
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from None
 
     async def log_leaves(self, start: int = 0) -> list[LogLeaf]:
         rows = await self._fetchall(
