@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from gateway.errors import NotFound
+from gateway.errors import NotFound, ServiceUnavailable
 from gateway.money import format_amount
 from gateway.responses import json_response
 from gateway.routes import ANY_VALID_KEY, PUBLIC, Endpoint
 from pipeline.context import RequestContext
-from storage import ReceiptRecord
+from storage import ReceiptRecord, StorageError
 
 
 def _price(micros: int | None) -> str | None:
@@ -55,6 +55,10 @@ class CoreHandlers:
         ]
 
     async def healthz(self, ctx: RequestContext):
+        try:
+            await self.gateway.storage.health()
+        except StorageError:
+            raise ServiceUnavailable("The gateway's storage is not answering.") from None
         return json_response({"status": "ok"})
 
     async def index(self, ctx: RequestContext):

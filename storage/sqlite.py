@@ -204,14 +204,14 @@ class SQLiteStorage(Storage):
         try:
             async with self._conn.execute(sql, params) as cursor:
                 return await cursor.fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: aiosqlite, connection closed
             raise StorageError(str(exc)) from None
 
     async def _fetchone(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
         try:
             async with self._conn.execute(sql, params) as cursor:
                 return await cursor.fetchone()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: aiosqlite, connection closed
             raise StorageError(str(exc)) from None
 
     async def checkpoint(self) -> None:

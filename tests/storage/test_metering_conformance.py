@@ -86,24 +86,17 @@ async def test_available_balance_counts_open_holds(storage):
     assert await refused(storage, hold(pid, kid, 40)) is None
 
 
-async def test_project_budget_counts_spend_and_holds(storage):
-    pid, kid = await project(storage, credit=10_000, budget=100)
-    first = hold(pid, kid, 70)
-    await storage.reserve(first)
-    assert await refused(storage, hold(pid, kid, 31)) == "budget_exceeded"
-    assert await storage.settle(receipt(first, 50))
-    assert await refused(storage, hold(pid, kid, 51)) == "budget_exceeded"
-    assert await refused(storage, hold(pid, kid, 50)) is None
-
-
-async def test_key_monthly_limit_counts_spend_and_holds(storage):
-    pid, kid = await project(storage, credit=10_000, limit=100)
+@pytest.mark.parametrize("limit", ["budget", "limit"], ids=["project-budget", "key-limit"])
+async def test_a_monthly_cap_counts_spend_and_holds(storage, limit):
+    pid, kid = await project(storage, credit=10_000, **{limit: 100})
     first = hold(pid, kid, 70)
     await storage.reserve(first)
     assert await refused(storage, hold(pid, kid, 31)) == "budget_exceeded"
     assert await storage.settle(receipt(first, 50))
     assert await storage.key_month_spend(kid, MONTH) == 50
+    assert (await storage.project_account(pid, MONTH)).month_spend == 50
     assert await refused(storage, hold(pid, kid, 51)) == "budget_exceeded"
+    assert await refused(storage, hold(pid, kid, 50)) is None
 
 
 async def test_settlement_charges_once_and_frees_the_hold(storage):
