@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench system-deps clean
+.PHONY: run test lint bench dist system-deps clean
 
 # The sandbox node needs bubblewrap from Debian; the script is a no-op when it is there.
 system-deps:
@@ -15,17 +15,38 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# `make run PORT=9000 HOST=0.0.0.0` overrides config.toml's [server] host and port.
 run: $(STAMP) system-deps
-	$(BIN)/gateway serve --config config.toml
+	$(BIN)/gateway serve --config config.toml $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 test: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
-lint: $(STAMP)
+# mypy and PyInstaller find `model_gateway` through a link to this checkout (the editable
+# install maps the package with an import hook that neither runs).
+PKG_PATH := $(VENV)/pkg-path
+$(PKG_PATH)/model_gateway: $(STAMP)
+	mkdir -p $(PKG_PATH) && ln -sfn "$(CURDIR)" $(PKG_PATH)/model_gateway
+
+lint: $(STAMP) $(PKG_PATH)/model_gateway
 	$(BIN)/ruff check .
+	$(BIN)/mypy  # strict on pipeline/ and storage/ (pyproject.toml)
+
+# One executable holding the server, the CLI and the sandbox node (`make dist DIST=folder`).
+DIST ?= dist
+dist: $(STAMP) $(PKG_PATH)/model_gateway
+	$(BIN)/pip install --quiet 'pyinstaller>=6.10'
+	$(BIN)/pyinstaller --onefile --name gateway --paths $(PKG_PATH) --log-level WARN \
+		--add-data $(CURDIR)/storage/migrations:model_gateway/storage/migrations \
+		--collect-submodules model_gateway.gateway \
+		--collect-submodules model_gateway.storage --collect-submodules model_gateway.pipeline \
+		--collect-submodules uvicorn --hidden-import uvloop --hidden-import httptools \
+		--distpath $(DIST) --workpath $(DIST)/.build --specpath $(DIST)/.build $(CURDIR)/gateway/__main__.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --quick --out bench/results/latest.md
+	cd bench && ../$(BIN)/python paired.py --name-a "metrics on" --name-b "metrics off" \
+		--extra-b '[metrics]\nenabled = false' --rounds 3 | tee -a results/latest.md
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) data .pytest_cache dist build

@@ -59,14 +59,13 @@ max_concurrent = 4
 spawn = false
 """
 
-# Placeholder until the gateway has a metering switch: the lead fixes the real key.
 METERING_OFF = """
 [metering]
 enabled = false
 """
 
 
-def write_config(folder: Path, port: int, upstream: str, metering: bool) -> Path:
+def write_config(folder: Path, port: int, upstream: str, metering: bool, extra: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     text = CONFIG.format(
         port=port,
@@ -77,7 +76,14 @@ def write_config(folder: Path, port: int, upstream: str, metering: bool) -> Path
         sandbox_port=free_port(),
     )
     config = folder / "config.toml"
-    config.write_text(text if metering else text + METERING_OFF)
+    # `extra` may hold keys of [server] (a table TOML lets one declare only once) and tables.
+    server_keys, _, tables = (
+        ("", "", extra[1:]) if extra.startswith("[") else extra.partition("\n[")
+    )
+    text = text.replace("[server]\n", "[server]\n" + server_keys + "\n", 1)
+    config.write_text(
+        (text if metering else text + METERING_OFF) + ("\n[" + tables if tables else "")
+    )
     return config
 
 
@@ -111,12 +117,14 @@ def cli_field(gateway: Path, config: Path, name: str, *args: str) -> str:
         ) from error
 
 
-def start_gateway(gateway: Path, folder: Path, upstream: str, metering: bool) -> tuple[Server, str]:
-    """Start a gateway and give it a funded project and a key; (server, api key)."""
+def start_gateway(
+    gateway: Path, folder: Path, upstream: str, metering: bool, extra: str = ""
+) -> tuple[Server, str]:
+    """Start a gateway (config `extra` appended) with a funded project and a key."""
     if not gateway.exists():
         raise StartError(f"{gateway} not found (install the project: pip install -e .)")
     port = free_port()
-    config = write_config(folder, port, upstream, metering)
+    config = write_config(folder, port, upstream, metering, extra)
     server = Server(
         [str(gateway), "serve", "--config", str(config)],
         port,

@@ -3,7 +3,7 @@
 
 def create_app(config):
     """The gateway as one ASGI app (imported lazily: the CLI and the stages load fast alone)."""
-    from gateway.app import create_app as build
+    from model_gateway.gateway.app import create_app as build
 
     return build(config)
 

@@ -5,19 +5,28 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from gateway.errors import NotFound, ServiceUnavailable
-from gateway.money import format_amount
-from gateway.responses import json_response
-from gateway.routes import ANY_VALID_KEY, PUBLIC, Endpoint
-from pipeline.context import RequestContext
-from storage import ReceiptRecord, StorageError
+from starlette.responses import Response
+
+from model_gateway.gateway.config import ModelConfig
+from model_gateway.gateway.json_response import json_response
+from model_gateway.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.proofs.links import link_base
+from model_gateway.pipeline.context import RequestContext
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, PUBLIC, Endpoint
+from model_gateway.pipeline.errors import ModelNotFound, NotFound, ServiceUnavailable
+from model_gateway.pipeline.policy import model_allowed
+from model_gateway.storage import ReceiptRecord, StorageError
 
 
 def _price(micros: int | None) -> str | None:
     return None if micros is None else format_amount(micros)
 
 
-def receipt_view(receipt: ReceiptRecord) -> dict:
+def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict:
+    """The project's own view of its receipt: what the public proof shows, plus what only
+    the project may see (the plain digests, and the salts that open the commitments).
+    `link_prefix` starts proof_url (gateway.proofs.links.link_base: never from Host)."""
     issued = datetime.fromtimestamp(receipt.created_at / 1_000_000, UTC)
     subject = "model" if receipt.kind == "inference" else "runtime"
     return {
@@ -28,13 +37,20 @@ def receipt_view(receipt: ReceiptRecord) -> dict:
         "endpoint": receipt.endpoint,
         subject: receipt.model_or_runtime,
         "usage": receipt.usage,
+        "usage_source": receipt.usage_source,
+        "provider": receipt.provider,
         "cost": format_amount(receipt.cost),
         "currency": "USD",
         "created_at": issued.isoformat(timespec="microseconds").replace("+00:00", "Z"),
         "request_id": receipt.request_id,
         "request_sha256": receipt.request_sha256,
         "response_sha256": receipt.response_sha256,
-        "proof_url": f"/api/proofs/{receipt.id}",
+        # None on receipts issued before salted commitments (public receipt version 1).
+        "request_salt": receipt.request_salt,
+        "response_salt": receipt.response_salt,
+        "request_commitment": receipt.request_commitment,
+        "response_commitment": receipt.response_commitment,
+        "proof_url": f"{link_prefix}/api/proofs/{receipt.id}",
     }
 
 
@@ -49,8 +65,11 @@ class CoreHandlers:
     def routes(self) -> list[Endpoint]:
         return [
             Endpoint("GET", "/healthz", PUBLIC, self.healthz, listed=False),
+            Endpoint("GET", "/metrics", PUBLIC, self.metrics, listed=False),
             Endpoint("GET", "/v1", ANY_VALID_KEY, self.index),
             Endpoint("GET", "/v1/models", ANY_VALID_KEY, self.models),
+            # Model ids may hold slashes (org/model): the parameter takes the rest of the path.
+            Endpoint("GET", "/v1/models/{model_id:path}", ANY_VALID_KEY, self.model),
             Endpoint("GET", "/v1/receipts/{receipt_id}", "receipts", self.receipt),
         ]
 
@@ -59,7 +78,15 @@ class CoreHandlers:
             await self.gateway.storage.health()
         except StorageError:
             raise ServiceUnavailable("The gateway's storage is not answering.") from None
-        return json_response({"status": "ok"})
+        # Detail beside the status (decisions.md allows it): each provider's breaker.
+        states = self.gateway.providers.breakers.states()
+        providers = {name: {"breaker": state} for name, state in states.items()}
+        return json_response({"status": "ok", "providers": providers})
+
+    async def metrics(self, ctx: RequestContext):
+        if not self.gateway.config.metrics.enabled:
+            raise NotFound("Metrics are turned off on this deployment.")
+        return Response(self.gateway.metrics.text(), media_type=METRICS_CONTENT_TYPE)
 
     async def index(self, ctx: RequestContext):
         data = [
@@ -73,26 +100,47 @@ class CoreHandlers:
         ]
         return json_response({"object": "list", "data": data})
 
+    def _model_view(self, model_id: str, model: ModelConfig) -> dict[str, object]:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": self.started,
+            "owned_by": model.provider,
+            "available": self.catalog.available(model),
+            "supports_tools": model.supports_tools,
+            "max_output_tokens": model.max_output_tokens,
+            "input_price_per_mtok": _price(model.input_price_per_mtok),
+            "output_price_per_mtok": _price(model.output_price_per_mtok),
+        }
+
     async def models(self, ctx: RequestContext):
+        assert ctx.project is not None
         data = [
-            {
-                "id": model_id,
-                "object": "model",
-                "created": self.started,
-                "owned_by": model.provider,
-                "available": self.catalog.available(model),
-                "supports_tools": model.supports_tools,
-                "max_output_tokens": model.max_output_tokens,
-                "input_price_per_mtok": _price(model.input_price_per_mtok),
-                "output_price_per_mtok": _price(model.output_price_per_mtok),
-            }
+            self._model_view(model_id, model)
             for model_id, model in self.catalog.visible_to(ctx.key, ctx.project)
         ]
         return json_response({"object": "list", "data": data})
+
+    async def model(self, ctx: RequestContext):
+        """The SDK's `models.retrieve`: a model the key may not use is as absent as none."""
+        assert ctx.project is not None
+        model_id = ctx.path_params["model_id"]
+        model = self.catalog.get(model_id)
+        if model is None or not model_allowed(model_id, ctx.key, ctx.project):
+            raise ModelNotFound("No model with this ID exists.")
+        return json_response(self._model_view(model_id, model))
 
     async def receipt(self, ctx: RequestContext):
         receipt = await self.gateway.storage.get_receipt(ctx.path_params["receipt_id"])
         # Another project's receipt is as absent as a missing one.
         if receipt is None or receipt.project_id != ctx.project.id:
             raise NotFound("No receipt with this ID exists.")
-        return json_response(receipt_view(receipt))
+        public_url = self.gateway.config.server.public_url
+
+        # An ASGI app rather than a response: proof_url needs the mount prefix, which only
+        # the scope carries.
+        async def respond(scope, receive, send) -> None:
+            view = receipt_view(receipt, link_base(public_url, scope))
+            await json_response(view)(scope, receive, send)
+
+        return respond

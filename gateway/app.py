@@ -6,22 +6,30 @@ import asyncio
 import contextlib
 import logging
 
-from gateway.api import CoreHandlers
-from gateway.catalog import ModelCatalog
-from gateway.config import Config
-from gateway.inference.handlers import InferenceHandlers
-from gateway.keyring import KeyRing
-from gateway.metering import Meter
-from gateway.proofs.log import TransparencyLog
-from gateway.proofs.routes import ProofHandlers
-from gateway.proofs.signing import SigningKey, load_or_create_signing_key
-from gateway.providers import Providers
-from gateway.ratelimit import Gcra
-from gateway.routes import RouteTable
-from gateway.sandbox.executions import SandboxExecutions
-from gateway.secretfile import load_or_create_secret
-from pipeline import build_pipeline
-from storage import Storage, open_storage
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp
+
+from model_gateway.gateway.agents.run_engine import AgentEngine
+from model_gateway.gateway.api import CoreHandlers
+from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.config import Config
+from model_gateway.gateway.console.mount import mount_console
+from model_gateway.gateway.inference.handlers import InferenceHandlers
+from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.logs import AccessLog
+from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.metrics import Metrics
+from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
+from model_gateway.gateway.proofs.log import TransparencyLog
+from model_gateway.gateway.proofs.log_key import SigningKey, load_or_create_signing_key
+from model_gateway.gateway.providers import Providers
+from model_gateway.gateway.sandbox.executions import SandboxExecutions
+from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.gateway.summary import startup_summary
+from model_gateway.pipeline import build_pipeline
+from model_gateway.pipeline.endpoint import RouteTable
+from model_gateway.pipeline.gcra import Gcra
+from model_gateway.storage import Storage, open_storage
 
 log = logging.getLogger("gateway")
 
@@ -31,16 +39,19 @@ class Gateway:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.catalog = ModelCatalog(config)
+        self.catalog = ConfigCatalog(config)
+        self.metrics = Metrics()
+        self.access_log = AccessLog(config.server.log_format) if config.server.access_log else None
         self.limiter = Gcra()
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
-        self.meter: Meter | None = None
+        self.meter: StorageMeter | None = None
         self.signing_key: SigningKey | None = None
         self.transparency_log: TransparencyLog | None = None
+        self.agents: AgentEngine | None = None
         self.providers = Providers(config)
         core = CoreHandlers(self)
-        inference = InferenceHandlers(self.providers, config.limits.gateway_timeout_s)
+        inference = InferenceHandlers(self.providers, config.limits.gateway_timeout_s, self.metrics)
         proofs = ProofHandlers(self)
         self.sandboxes = SandboxExecutions(self)
         self.routes = RouteTable(
@@ -51,17 +62,61 @@ class Gateway:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
         self.storage = await open_storage(self.config.storage_url)
         self.keyring = KeyRing(self.storage, pepper)
-        self.meter = Meter(self.storage)
+        self.meter = StorageMeter(self.storage, self.metrics)
         await self.meter.start()
         self.signing_key = load_or_create_signing_key(
             self.config.path(self.config.secrets.signing_key_file)
         )
-        self.transparency_log = TransparencyLog(self.storage, self.signing_key)
+        self.transparency_log = TransparencyLog(
+            self.storage, self.signing_key, origin=log_origin(self.config)
+        )
         await self.transparency_log.start()  # integrates receipts in the background
+        self._register_gauges()
         await self.providers.start()
         await self.sandboxes.start()  # node session; with spawn = true, the local node
+        self.agents = AgentEngine.for_gateway(self, lease_s=self.config.agents.lease_s)
+        await self.agents.start()  # fails the runs of a dead process; then sweeps
+        for line in startup_summary(self.config):
+            log.info("%s", line)
+
+    def _register_gauges(self) -> None:
+        meter, proofs = self.meter, self.transparency_log
+        assert meter is not None and proofs is not None
+        self.metrics.gauge(
+            "gateway_open_holds", "Holds of this process not yet closed.", lambda: meter.open_holds
+        )
+        self.metrics.breakers(self.providers.breakers)
+        self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: proofs.size)
+        self.metrics.gauge(
+            "gateway_log_integration_lag_seconds",
+            "Seconds since the log last held every settled receipt.",
+            lambda: proofs.integration_lag_s,
+        )
+
+    def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
+        """The request path over this gateway's parts (call after `start`); `authenticate`
+        swaps key auth for another principal (the console playground)."""
+        assert self.keyring is not None and self.meter is not None
+        config = self.config
+        return build_pipeline(
+            routes=self.routes,
+            keys=self.keyring,
+            catalog=self.catalog,
+            limiter=self.limiter,
+            meter=self.meter if config.metering.enabled else None,
+            cors_origins=config.server.cors_origins,
+            default_key_rpm=config.limits.default_key_rpm,
+            default_project_rpm=config.limits.default_project_rpm,
+            observers=[
+                *([self.metrics] if config.metrics.enabled else []),
+                *([self.access_log] if self.access_log is not None else []),
+            ],
+            authenticate=authenticate,
+        )
 
     async def stop(self) -> None:
+        if self.agents is not None:
+            await self.agents.stop()  # runs settle their steps while everything is open
         await self.sandboxes.close()
         await self.providers.close()
         if self.meter is not None:
@@ -70,6 +125,8 @@ class Gateway:
             await self.transparency_log.stop()
         if self.storage is not None:
             await self.storage.close()
+        if self.access_log is not None:
+            self.access_log.close()
 
 
 class GatewayApp:
@@ -85,7 +142,7 @@ class GatewayApp:
         async with self._start_lock:
             if self._pipeline is None:
                 await self.gateway.start()
-                self._pipeline = build_pipeline(self.gateway)
+                self._pipeline = mount_console(self.gateway, self.gateway.pipeline())
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app=None):
@@ -109,6 +166,12 @@ class GatewayApp:
             await self._ensure_started()
         except Exception as exc:
             log.error("start-up failed: %s", exc)
+            # Close what did start (storage threads, the node, sessions), or the process
+            # may hang on them instead of exiting.
+            try:
+                await self.gateway.stop()
+            except Exception:
+                log.exception("closing after a failed start-up failed too")
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             return
         await send({"type": "lifespan.startup.complete"})

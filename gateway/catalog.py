@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from gateway.config import Config, ModelConfig
-from storage.base import KeyRecord, ProjectRecord
+from model_gateway.gateway.config import Config, ModelConfig
+from model_gateway.pipeline.policy import model_allowed
+from model_gateway.pipeline.ports import KeyInfo, ModelInfo, ProjectInfo
 
 
-class ModelCatalog:
+class ConfigCatalog:
+    """The pipeline's `ModelCatalog` over the configuration's models and providers."""
+
     def __init__(self, config: Config) -> None:
         self.models = config.models
         self.providers = config.providers
@@ -14,18 +17,13 @@ class ModelCatalog:
     def get(self, model_id: str) -> ModelConfig | None:
         return self.models.get(model_id)
 
-    @staticmethod
-    def allowed(model_id: str, key: KeyRecord | None, project: ProjectRecord) -> bool:
-        if project.allow_models is not None and model_id not in project.allow_models:
-            return False
-        if model_id in project.exclude_models:
-            return False
-        return key is None or key.models is None or model_id in key.models
-
-    def available(self, model: ModelConfig) -> bool:
-        return model.available and self.providers[model.provider].configured
+    def available(self, model: ModelInfo) -> bool:
+        assert isinstance(model, ModelConfig)
+        # Any provider of the chain with its credential can serve (the attempts skip the rest).
+        chain = [model.provider, *(fallback.provider for fallback in model.fallbacks)]
+        return model.available and any(self.providers[name].configured for name in chain)
 
     def visible_to(
-        self, key: KeyRecord | None, project: ProjectRecord
+        self, key: KeyInfo | None, project: ProjectInfo
     ) -> list[tuple[str, ModelConfig]]:
-        return [(mid, m) for mid, m in self.models.items() if self.allowed(mid, key, project)]
+        return [(mid, m) for mid, m in self.models.items() if model_allowed(mid, key, project)]

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from datetime import UTC, datetime
 
 import orjson
 
-from gateway import keys
-from gateway.config import ConfigError, load_config
-from gateway.metering import current_month
-from gateway.money import format_amount, parse_amount
-from gateway.proofs import verify_cli
-from gateway.sandbox.limits import SANDBOX_LIMITS
-from gateway.secretfile import load_or_create_secret
-from storage import (
+from model_gateway.gateway import backup, doctor, keys
+from model_gateway.gateway.config import ConfigError, load_config
+from model_gateway.gateway.logs import configure_logging
+from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.money import format_amount, parse_amount
+from model_gateway.gateway.proofs import verify_cli
+from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
+from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.storage import (
     KeyRecord,
     ProjectRecord,
     RecordNotFound,
@@ -26,11 +27,35 @@ from storage import (
     StorageError,
     open_storage,
 )
-from storage.base import new_id, now_s
+from model_gateway.storage.base import new_id, now_s
 
 
 class CliError(Exception):
     pass
+
+
+class UsageError(Exception):
+    """A command line argparse rejects; `main` reports it, as JSON with --json."""
+
+    def __init__(self, usage: str, message: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage and exits 2 on its own, deaf to --json: raise instead.
+    # Subparsers are built with the parent's class, so this covers every command.
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self.format_usage(), message)
+
+
+# Files the CLI and the server create (database, WAL, secrets) are the operator's alone.
+PRIVATE_UMASK = 0o077
+
+
+def restrict_file_modes() -> None:
+    """Every file this process creates from now on is 0600, every folder 0700."""
+    os.umask(PRIVATE_UMASK)
 
 
 def _iso(ts: int | None) -> str | None:
@@ -114,6 +139,8 @@ async def _with_storage(config, action):
 
 
 async def projects_create(args, config, storage) -> dict:
+    if args.balance:
+        _check_credit_permitted(config)  # before the project exists: never half-made
     project = ProjectRecord(
         id=new_id("prj"),
         name=args.name,
@@ -140,17 +167,33 @@ async def projects_archive(args, config, storage) -> dict:
     return await project_view(storage, await storage.archive_project(args.id))
 
 
-class Forbidden(CliError):
+class NotPermitted(CliError):
     pass
 
 
-async def _credit(config, storage, project_id: str, amount: int) -> None:
+def _check_credit_permitted(config) -> None:
     if config.server.environment == "production":
-        raise Forbidden("development credit is not permitted in production")
+        raise NotPermitted("development credit is not permitted in production")
+
+
+async def _credit(config, storage, project_id: str, amount: int) -> None:
+    _check_credit_permitted(config)
     await storage.add_credit(project_id, amount, current_month())
 
 
+async def _active_project(storage, project_id: str) -> ProjectRecord:
+    """The project, if it exists and is not archived: credit and keys are for live ones."""
+    project = await storage.get_project(project_id)
+    if project is None:
+        raise RecordNotFound(f"no project {project_id}")
+    if project.state == "archived":
+        raise StateConflict(f"project {project_id} is archived")
+    return project
+
+
 async def credit_add(args, config, storage) -> dict:
+    _check_credit_permitted(config)
+    await _active_project(storage, args.project)
     await _credit(config, storage, args.project, args.amount)
     project = await storage.get_project(args.project)
     return {"credited": format_amount(args.amount), **await project_view(storage, project)}
@@ -161,6 +204,9 @@ async def keys_create(args, config, storage) -> dict:
         scopes = keys.parse_scopes(args.scopes)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if args.expires_at is not None and args.expires_at <= now_s():
+        raise CliError("--expires-at is in the past: the key would never work")
+    await _active_project(storage, args.project)
     pepper = load_or_create_secret(config.path(config.secrets.key_pepper_file))
     secret = keys.generate_key()
     record = KeyRecord(
@@ -180,7 +226,16 @@ async def keys_create(args, config, storage) -> dict:
 
 
 async def keys_revoke(args, config, storage) -> dict:
-    return await key_view(storage, await storage.revoke_key(args.prefix))
+    prefix = args.prefix
+    if keys.is_well_formed(prefix):
+        # The whole key (e.g. pasted from a leak report): it must be the key stored under
+        # its prefix, so that a made-up key never revokes someone else's.
+        pepper = load_or_create_secret(config.path(config.secrets.key_pepper_file))
+        stored = await storage.get_key(keys.public_prefix(prefix))
+        if stored is None or not keys.matches(pepper, prefix, stored.key_hash):
+            raise RecordNotFound("no such key")
+        prefix = stored.prefix
+    return await key_view(storage, await storage.revoke_key(prefix))
 
 
 async def keys_show(args, config, storage) -> dict:
@@ -220,16 +275,16 @@ async def sandboxes_create(args, config, storage) -> dict:
 
 
 def sandbox_node(args, config) -> int:
-    from gateway.config import SandboxNodeConfig
-    from gateway.sandbox.node import serve_node
-    from gateway.sandbox.supervisor import node_address
+    from model_gateway.gateway.config import SandboxNodeConfig
+    from model_gateway.gateway.sandbox.node.service import serve_node
+    from model_gateway.gateway.sandbox.supervisor import node_address
 
     node = config.sandbox_node or SandboxNodeConfig()
     try:
         host, port = node_address(node.url)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(config.server.log_format)
     secret_file = config.path(node.secret_file)
     asyncio.run(
         serve_node(
@@ -240,29 +295,15 @@ def sandbox_node(args, config) -> int:
 
 
 def serve(args, config) -> int:
-    import uvicorn
+    from model_gateway.gateway.server import serve as run_server  # uvicorn: only to serve
 
-    from gateway.app import create_app
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(
-        create_app(config),
-        host=args.host or config.server.host,
-        port=args.port or config.server.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-    )
+    run_server(config, args.host, args.port)
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gateway", description="A metered, verifiable model gateway."
-    )
-    common = argparse.ArgumentParser(add_help=False)
+    parser = _Parser(prog="gateway", description="A metered, verifiable model gateway.")
+    common = _Parser(add_help=False)
     common.add_argument("--config", help="config file (default: $GATEWAY_CONFIG or ./config.toml)")
     common.add_argument("--json", action="store_true", help="print one JSON object")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -304,7 +345,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rpm", type=_positive_int)
     p.set_defaults(action_fn=keys_create)
     p = keys_cmd.add_parser("revoke", parents=[common])
-    p.add_argument("prefix")
+    p.add_argument("prefix", metavar="PREFIX_OR_KEY", help="the public prefix, or the whole key")
     p.set_defaults(action_fn=keys_revoke)
     p = keys_cmd.add_parser("show", parents=[common])
     p.add_argument("prefix")
@@ -332,6 +373,11 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=sandbox_node)
 
     verify_cli.add_parser(commands, common)  # needs no config: a customer runs it anywhere
+    doctor.add_parser(commands, common)  # reads a config it may find broken: runs on its own
+    backup.add_parsers(commands, common)
+    from model_gateway.gateway import cli_console  # it imports this module: not at the top
+
+    cli_console.add_parsers(commands, common)  # users, payments, projects list, keys list
     return parser
 
 
@@ -353,13 +399,29 @@ def _fail(message: str, as_json: bool, kind: str) -> int:
     return 1
 
 
+def _usage_failed(exc: UsageError, argv: list[str]) -> int:
+    # The parse failed, so --json is looked for among the words themselves.
+    if "--json" in argv:
+        _fail(exc.args[0], True, "invalid_request")
+        return 2
+    sys.stderr.write(exc.usage)
+    print(f"gateway: error: {exc.args[0]}", file=sys.stderr)
+    return 2  # argparse's own code for a usage error
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parser().parse_args(words)
+    except UsageError as exc:
+        return _usage_failed(exc, words)
     as_json = getattr(args, "json", False)
     if hasattr(args, "standalone"):
         return args.standalone(args)
     try:
         config = load_config(args.config)
+        if args.command != "sandbox-node":  # the node sets its sandboxes' modes itself
+            restrict_file_modes()
         if hasattr(args, "run"):
             return args.run(args, config)
         record = asyncio.run(
@@ -367,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ConfigError as exc:
         return _fail(str(exc), as_json, "invalid_request")
-    except Forbidden as exc:
+    except NotPermitted as exc:
         return _fail(str(exc), as_json, "forbidden")
     except RecordNotFound as exc:
         return _fail(str(exc), as_json, "not_found")

@@ -6,11 +6,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from gateway.money import parse_amount
+from model_gateway.gateway.money import parse_amount
 
 DEFAULT_CONFIG = "config.toml"
 
@@ -35,11 +35,34 @@ def _decode_hook(type_: type, value):
     raise NotImplementedError
 
 
+_PUBLIC_URL = r"\Ahttps?://[^/\s?#]+[^\s?#]*\Z"
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 8080
     environment: Literal["development", "production"] = "development"
     cors_origins: list[str] = []
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = True  # one line per request (gateway.logs)
+    # The address clients reach the gateway at, mount prefix included
+    # ("https://gw.example.com/llm"). Public pages build their links from it, never from
+    # the request's Host header; unset, they use links relative to this server.
+    # http(s), a host, an optional path; no query or fragment to append paths after.
+    public_url: Annotated[str, msgspec.Meta(pattern=_PUBLIC_URL)] | None = None
+    # Hostile clients (decisions.md, "Hardening decisions"): a request line plus headers
+    # over this many bytes is refused with 431 before the rest is read.
+    max_head_bytes: int = 65536
+    head_timeout_s: float = 30.0  # a head not complete this long after it began
+    body_timeout_s: float = 60.0  # a request body that sends nothing for this long
+
+    def __post_init__(self) -> None:
+        # A head limit below a minimal request would refuse every client.
+        if self.max_head_bytes < 1024:
+            raise ValueError("max_head_bytes must be at least 1024")
+        for name in ("head_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
 
 
 class StorageConfig(_Section):
@@ -57,9 +80,44 @@ class LimitsConfig(_Section):
     default_key_rpm: int = 600
 
 
+class MetricsConfig(_Section):
+    # GET /metrics (no key): bound to the listen address like the API itself.
+    enabled: bool = True
+
+
 class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
+
+
+class ConsoleConfig(_Section):
+    session_idle_s: int = 12 * 3600  # a session unused this long is gone
+    login_window_s: int = 15 * 60  # failed sign-ins count within this window
+    login_failures_per_email: int = 5  # then 429 until the window passes
+    login_failures_per_address: int = 50
+
+
+class PurchasesConfig(_Section):
+    """Onchain purchases: transfers of an ERC-20 stablecoin to the treasury, read over
+    JSON-RPC from a node the operator trusts."""
+
+    rpc_url: str
+    chain_id: int
+    token_address: str
+    token_decimals: int
+    treasury_address: str
+    usd_per_token: str  # a decimal string, e.g. "1" or "0.9998"
+    confirmations: int = 12
+    rpc_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("token_address", "treasury_address"):
+            if not re.fullmatch(r"0x[0-9a-fA-F]{40}", getattr(self, name)):
+                raise ValueError(f"{name} must be 0x followed by 40 hex digits")
+        if not 0 <= self.token_decimals <= 36 or self.confirmations < 1:
+            raise ValueError("token_decimals must be 0..36 and confirmations at least 1")
+        if not re.fullmatch(r"\d+(\.\d+)?", self.usd_per_token):
+            raise ValueError('usd_per_token must be a decimal string such as "1"')
 
 
 class ProviderConfig(_Section):
@@ -79,12 +137,26 @@ class ProviderConfig(_Section):
 
     @property
     def configured(self) -> bool:
-        return self.kind == "echo" or self.api_key_env is None or self.credential() is not None
+        return self.not_ready_because() is None
+
+    def not_ready_because(self) -> str | None:
+        """Why the provider cannot serve, in an operator's words; None when it can."""
+        if self.kind == "echo" or self.api_key_env is None or self.credential() is not None:
+            return None
+        return f"{self.api_key_env} is not set"
+
+
+class FallbackConfig(_Section):
+    """Another provider that serves the model when the ones before it fail (in order)."""
+
+    provider: str
+    upstream: str | None = None  # the model name sent to it; unset: the model's own upstream
 
 
 class ModelConfig(_Section):
     provider: str
     upstream: str | None = None
+    fallbacks: list[FallbackConfig] = []
     input_price_per_mtok: Micros | None = None  # per million tokens
     output_price_per_mtok: Micros | None = None
     supports_tools: bool = False
@@ -100,6 +172,13 @@ class ModelConfig(_Section):
         return self.input_price_per_mtok is not None and self.output_price_per_mtok is not None
 
 
+class ProofsConfig(_Section):
+    # The transparency log's checkpoint origin (c2sp.org/tlog-checkpoint) and note key
+    # name: a schema-less URL without spaces or "+". Unset: `<public_url host>/log`, or
+    # gateway.local/log without public_url (gateway.proofs.checkpoint.default_origin).
+    origin: Annotated[str, msgspec.Meta(pattern=r"\A[^\s+]+\Z")] | None = None
+
+
 class SandboxNodeConfig(_Section):
     url: str = "http://127.0.0.1:8091"
     secret_file: str = "data/sandbox-secret"  # noqa: S105 (a path, not a secret)
@@ -112,18 +191,45 @@ class SandboxPricingConfig(_Section):
     per_second: Micros = Micros(100)
 
 
+class RoutingConfig(_Section):
+    # Circuit breaker per provider: open after this many consecutive failures, skipped
+    # for the cool-down, then one trial request (gateway.routing.breaker).
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.breaker_failures < 1 or not self.breaker_cooldown_s > 0:
+            raise ValueError("breaker_failures must be at least 1 and breaker_cooldown_s positive")
+
+
+class AgentsConfig(_Section):
+    # A run whose process stops renewing it for this long is failed by any live instance.
+    lease_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.lease_s <= 0:
+            raise ValueError("lease_s must be positive")
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     secrets: SecretsConfig = msgspec.field(default_factory=SecretsConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     metering: MeteringConfig = msgspec.field(default_factory=MeteringConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
+    purchases: PurchasesConfig | None = None
+    proofs: ProofsConfig = msgspec.field(default_factory=ProofsConfig)
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelConfig] = {}
     sandbox_node: SandboxNodeConfig | None = None
     sandbox_pricing: SandboxPricingConfig = msgspec.field(default_factory=SandboxPricingConfig)
+    agents: AgentsConfig = msgspec.field(default_factory=AgentsConfig)
+    routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
     # Folder of the config file: relative paths in it resolve against this.
     base_dir: str = "."
+    source: str = "config"  # the file it was read from, for messages
 
     def __post_init__(self) -> None:
         for name, model in self.models.items():
@@ -131,6 +237,12 @@ class Config(_Section):
                 raise ValueError(
                     f"models.{name}.provider names an unknown provider {model.provider!r}"
                 )
+            for i, fallback in enumerate(model.fallbacks):
+                if fallback.provider not in self.providers:
+                    raise ValueError(
+                        f"models.{name}.fallbacks.{i}.provider names an unknown provider "
+                        f"{fallback.provider!r}"
+                    )
 
     def path(self, relative: str) -> Path:
         """A path from the config, resolved against the config file's folder."""
@@ -173,8 +285,26 @@ def _explain(message: str, data: dict) -> str:
     return _msgspec_path_to_key(message)
 
 
+# What serves when no config file was named and ./config.toml does not exist (the single
+# binary copied alone into a folder): the built-in echo provider and its model, data in ./data.
+EMBEDDED_DEFAULTS = """
+[providers.local]
+kind = "echo"
+
+[models."echo-1"]
+provider = "local"
+input_price_per_mtok = "0.50"
+output_price_per_mtok = "1.50"
+supports_tools = true
+"""
+
+
 def load_config(path: str | os.PathLike | None = None) -> Config:
-    chosen = Path(path or os.environ.get("GATEWAY_CONFIG") or DEFAULT_CONFIG)
+    named = path or os.environ.get("GATEWAY_CONFIG")
+    chosen = Path(named or DEFAULT_CONFIG)
+    if not named and not chosen.exists():
+        source = "the embedded defaults (no config.toml here)"
+        return parse_config(EMBEDDED_DEFAULTS, base_dir=Path.cwd(), source=source)
     try:
         raw = chosen.read_bytes()
     except OSError as exc:
@@ -189,9 +319,11 @@ def parse_config(
         data = msgspec.toml.decode(raw)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    if "base_dir" in data:
-        raise ConfigError(f"{source}: unknown key `base_dir`")
+    for injected in ("base_dir", "source"):
+        if injected in data:
+            raise ConfigError(f"{source}: unknown key `{injected}`")
     data["base_dir"] = str(base_dir)
+    data["source"] = source
     try:
         return msgspec.convert(data, Config, dec_hook=_decode_hook)
     except msgspec.ValidationError as exc:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from gateway import keys
-from gateway.errors import Forbidden, InvalidApiKey
-from storage.base import KeyRecord, ProjectRecord, Storage
+from model_gateway.gateway import keys
+from model_gateway.pipeline.errors import Forbidden, InvalidApiKey
+from model_gateway.storage.base import KeyRecord, ProjectRecord, Storage
 
 _CACHE_LIMIT = 10_000
 
@@ -55,7 +55,10 @@ class KeyRing:
         project = await self._storage.get_project(key.project_id)
         if project is None:
             return None
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[prefix] = (key, project)
+        # Cache only what was read under the epoch that is still current: a revocation that
+        # landed while we read must not be undone by storing the record read before it.
+        if self._storage.admin_epoch() == epoch == self._epoch:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[prefix] = (key, project)
         return key, project

@@ -1,4 +1,5 @@
-"""Reservations and settlements against storage, and the leases that keep none forever.
+"""The pipeline's `Meter` over storage: reservations, settlements, and the leases that keep
+no hold forever.
 
 Every reservation is owned by the serving process (`host:pid:start-time`) and leased. The
 process renews its leases while it runs; at start-up and then periodically it releases
@@ -9,6 +10,7 @@ so nothing stays reserved and nothing is charged twice (a receipt consumes its h
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import secrets
@@ -18,8 +20,16 @@ from datetime import UTC, datetime
 
 import anyio
 
-from gateway.errors import BudgetExceeded, InsufficientBalance
-from storage import LimitReached, ReceiptRecord, ReservationRecord, Storage
+from model_gateway.gateway.metrics import Metrics
+from model_gateway.gateway.proofs.commitments import (
+    new_salt,
+    request_commitment,
+    response_commitment,
+)
+from model_gateway.gateway.refusals import explain
+from model_gateway.pipeline.context import Settlement
+from model_gateway.pipeline.ports import Reserved
+from model_gateway.storage import LimitReached, ReceiptRecord, ReservationRecord, Storage
 
 log = logging.getLogger("gateway.metering")
 
@@ -54,11 +64,16 @@ def owner_alive(owner: str) -> bool | None:
     return _start_ticks(int(pid)) == ticks
 
 
-class Meter:
-    def __init__(self, storage: Storage) -> None:
+class StorageMeter:
+    def __init__(self, storage: Storage, metrics: Metrics | None = None) -> None:
         self.storage = storage
+        self.metrics = metrics
         self.owner = process_owner()
-        self._sweeper: asyncio.Task | None = None
+        self.open_holds = 0  # this process's holds not yet settled or released
+        self._sweeper: asyncio.Task[None] | None = None
+        # Holds whose release failed (storage locked, gone): retried by the sweeper, so a
+        # failure never leaves money held while this process keeps renewing its leases.
+        self._unreleased: set[str] = set()
 
     async def start(self) -> None:
         released = await self.storage.release_abandoned(owner_alive)
@@ -78,6 +93,7 @@ class Meter:
             await asyncio.sleep(CHECKPOINT_EVERY_S)
             try:
                 await self.storage.checkpoint()
+                await self._retry_releases()
                 if time.monotonic() - last_sweep >= SWEEP_EVERY_S:
                     last_sweep = time.monotonic()
                     await self.storage.renew_leases(self.owner, int(time.time()) + LEASE_S)
@@ -100,16 +116,64 @@ class Meter:
         try:
             await self.storage.reserve(reservation)
         except LimitReached as refused:
-            if refused.reason == "budget_exceeded":
-                raise BudgetExceeded() from None
-            raise InsufficientBalance() from None
+            if self.metrics is not None:
+                self.metrics.reservation_refused(refused.reason)
+            raise await explain(
+                self.storage, refused.reason, project_id, key_id, amount, reservation.month
+            ) from None
+        self.open_holds += 1
         return reservation
 
-    async def settle(self, receipt: ReceiptRecord) -> bool:
-        settled = await self.storage.settle(receipt)
-        if not settled:
-            log.error("reservation %s was gone at settlement; not charged", receipt.reservation_id)
-        return settled
+    async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
+        assert isinstance(reservation, ReservationRecord)
+        receipt = receipt_record(reservation, settlement)
+        if not await self.storage.settle(receipt):
+            log.error("reservation %s was gone at settlement; not charged", reservation.id)
+        self.open_holds -= 1
+        if self.metrics is not None:
+            self.metrics.charged(settlement)
 
-    async def release(self, reservation: ReservationRecord) -> None:
-        await self.storage.release(reservation.id)
+    async def release(self, reservation: Reserved) -> None:
+        self.open_holds -= 1
+        try:
+            await self.storage.release(reservation.id)
+        except Exception:
+            self._unreleased.add(reservation.id)
+            raise
+
+    async def _retry_releases(self) -> None:
+        for reservation_id in list(self._unreleased):
+            await self.storage.release(reservation_id)
+            self._unreleased.discard(reservation_id)
+
+
+def receipt_record(reservation: ReservationRecord, settlement: Settlement) -> ReceiptRecord:
+    response_sha256 = settlement.response_sha256 or _EMPTY_SHA256
+    request_salt, response_salt = new_salt(), new_salt()
+    return ReceiptRecord(
+        id=settlement.receipt_id,
+        reservation_id=reservation.id,
+        project_id=reservation.project_id,
+        key_id=reservation.key_id,
+        request_id=settlement.request_id,
+        kind=settlement.kind,
+        endpoint=settlement.endpoint,
+        model_or_runtime=settlement.subject,
+        status=settlement.status,
+        usage=settlement.usage,
+        cost=settlement.cost,
+        month=reservation.month,
+        created_at=time.time_ns() // 1000,
+        request_sha256=hashlib.sha256(settlement.request_body).hexdigest(),
+        response_sha256=response_sha256,
+        # Fresh salts per receipt: the public commitments reveal nothing about short bodies.
+        request_salt=request_salt.hex(),
+        response_salt=response_salt.hex(),
+        request_commitment=request_commitment(request_salt, settlement.request_body),
+        response_commitment=response_commitment(response_salt, response_sha256),
+        usage_source=settlement.usage_source,
+        provider=settlement.provider,
+    )
+
+
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

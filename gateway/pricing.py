@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.errors import ServiceUnavailable
-from gateway.money import cost_of_tokens
-from pipeline.context import RequestContext
+from model_gateway.gateway.money import cost_of_tokens
+from model_gateway.pipeline.context import RequestContext
+from model_gateway.pipeline.errors import ServiceUnavailable
 
 
 class InferencePricing:
@@ -30,7 +30,7 @@ class InferencePricing:
 
     @staticmethod
     def cost(ctx: RequestContext) -> int:
-        usage = ctx.usage or {}
+        usage = ctx.billing.usage if ctx.billing else {}
         return cost_of_tokens(
             usage.get("input_tokens", 0), ctx.model.input_price_per_mtok
         ) + cost_of_tokens(usage.get("output_tokens", 0), ctx.model.output_price_per_mtok)
@@ -60,7 +60,7 @@ class SandboxPricing:
         return self.hold(ctx.payload.sandbox.timeout_s)
 
     def cost(self, ctx: RequestContext) -> int:
-        duration_ms = (ctx.usage or {}).get("duration_ms", 0)
+        duration_ms = ctx.billing.usage.get("duration_ms", 0) if ctx.billing else 0
         # A timed-out run overshoots its limit by the kill's latency: never bill that.
         duration_ms = min(duration_ms, ctx.payload.sandbox.timeout_s * 1000)
         return self.per_execution + -(-duration_ms * self.per_second // 1000)

@@ -6,10 +6,13 @@ import os
 import secrets
 from pathlib import Path
 
+from model_gateway.storage.files import make_private_dirs
+
 
 def load_or_create_secret(path: Path, nbytes: int = 32) -> bytes:
-    """Read a hex secret from `path`, creating it (mode 0600) with random bytes if missing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Read a hex secret from `path`, creating it (mode 0600, in folders created 0700) with
+    random bytes if missing."""
+    make_private_dirs(path.parent)
     try:
         # O_EXCL: two processes starting at once must not overwrite each other's secret.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

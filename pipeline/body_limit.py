@@ -8,8 +8,11 @@ announced or actual (Content-Length is not trusted alone).
 
 from __future__ import annotations
 
-from gateway.errors import InvalidRequest, send_error
-from pipeline.context import context_of
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.errors import InvalidRequest, send_error
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 
@@ -18,40 +21,34 @@ class _ClientGone(Exception):
     pass
 
 
-def _content_type_is_json(scope) -> bool:
-    for key, value in scope["headers"]:
-        if key == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
-
-
-def _declared_length(scope) -> int | None:
-    for key, value in scope["headers"]:
-        if key == b"content-length":
-            if not value.isdigit():
-                return None
-            # int() refuses over 4300 digits; any length of 19 digits or more is over the limit.
-            return int(value) if len(value) < 19 else 10**18
-    return None
+def _declared_length(headers: Headers) -> int | None:
+    value = headers.get("content-length")
+    if value is None or not value.isdigit():
+        return None
+    # int() refuses over 4300 digits; any length of 19 digits or more is over the limit.
+    return int(value) if len(value) < 19 else 10**18
 
 
 class BodyLimit:
-    def __init__(self, app, *, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.too_large = f"The request body exceeds {max_bytes // (1024 * 1024)} MB."
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
+        assert ctx.endpoint is not None
         if ctx.endpoint.decode is None:
             await self.app(scope, receive, send)
             return
-        if not _content_type_is_json(scope):
+        headers = Headers(scope=scope)
+        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if content_type != "application/json":
             await send_error(
                 send, InvalidRequest("Content-Type must be application/json."), ctx.request_id
             )
             return
-        declared = _declared_length(scope)
+        declared = _declared_length(headers)
         if declared is not None and declared > self.max_bytes:
             await send_error(send, InvalidRequest(self.too_large), ctx.request_id)
             return
@@ -65,14 +62,14 @@ class BodyLimit:
         ctx.body = body
         await self.app(scope, receive, send)
 
-    async def _read(self, receive) -> bytes | None:
+    async def _read(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise _ClientGone
-            chunk = message.get("body", b"")
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
                 return None

@@ -1,37 +1,76 @@
-"""The one typed object that carries a request's state from stage to stage (in scope["state"])."""
+"""The one typed object that carries a request's state from stage to stage (in scope["state"]).
+
+Each field has one writer, named beside it; every other stage only reads it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from starlette.types import Scope
 
 if TYPE_CHECKING:
-    from gateway.config import ModelConfig
-    from gateway.routes import Endpoint
-    from storage.base import KeyRecord, ProjectRecord
+    from model_gateway.pipeline.endpoint import Endpoint
+    from model_gateway.pipeline.hold import Hold
+    from model_gateway.pipeline.ports import KeyInfo, ModelInfo, ProjectInfo
 
 STATE_KEY = "gateway.ctx"
+
+# succeeded; failed: a stream cut after it delivered output; cancelled: the client left
+# after the upstream (or the sandbox) had started work. Each is billed for what ran.
+Outcome = Literal["succeeded", "failed", "cancelled"]
+# provider: the usage the upstream reported; gateway: the gateway's own count, because the
+# upstream's was missing or not a non-negative integer.
+UsageSource = Literal["provider", "gateway"]
+
+
+@dataclass(slots=True)
+class Billing:
+    """What ran, as the handler reports it; settle turns it into a charge and a receipt."""
+
+    outcome: Outcome
+    usage: dict[str, int]  # e.g. input_tokens/output_tokens, or duration_ms
+    response_sha256: str | None = None
+    usage_source: UsageSource = "provider"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """Everything the meter needs to charge a request and write its receipt."""
+
+    receipt_id: str
+    request_id: str
+    kind: str  # the pricing's kind: inference | sandbox
+    endpoint: str  # path template
+    subject: str  # model id or runtime
+    status: Outcome
+    usage: dict[str, int]
+    cost: int  # micro-units, already capped at the hold
+    request_body: bytes
+    response_sha256: str | None
+    usage_source: UsageSource = "provider"
+    provider: str | None = None  # who served, when the handler said
 
 
 @dataclass(slots=True)
 class RequestContext:
-    request_id: str
-    endpoint: Endpoint | None = None  # set by routing
-    path_params: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""  # set by the body limit stage
-    key: KeyRecord | None = None  # set by key auth (None for a console session)
-    project: ProjectRecord | None = None  # set by key auth or session auth
-    payload: Any = None  # the decoded request, set by policy
-    model_id: str | None = None
-    model: ModelConfig | None = None
-    # Metering. Reservation allocates the receipt id before dispatch; the handler reports
-    # what ran; settle charges it. `outcome` None means nothing ran that can be billed.
-    receipt_id: str | None = None
-    reservation: Any = None
-    usage: dict[str, int] | None = None  # e.g. input_tokens/output_tokens, or duration_ms
-    outcome: str | None = None  # "succeeded", or "failed" for a stream cut after output
-    response_sha256: str | None = None
+    request_id: str  # request id stage
+    endpoint: Endpoint | None = None  # routing
+    path_params: dict[str, str] = field(default_factory=dict)  # routing
+    body: bytes = b""  # body limit
+    key: KeyInfo | None = None  # key auth (None for a console session)
+    project: ProjectInfo | None = None  # key auth or session auth
+    payload: Any = None  # policy: the decoded request, of the endpoint's own type
+    model_id: str | None = None  # policy
+    model: ModelInfo | None = None  # policy
+    receipt_id: str | None = None  # reservation: allocated before dispatch (x-receipt-id)
+    hold: Hold | None = None  # reservation, which also closes it on every exit path
+    billing: Billing | None = None  # the handler; None: nothing billable ran
+    provider: str | None = None  # the handler: the provider (or node) that served
+    upstream_seconds: float = 0.0  # the handler: time spent waiting on the upstream or node
 
 
-def context_of(scope) -> RequestContext:
-    return scope["state"][STATE_KEY]
+def context_of(scope: Scope) -> RequestContext:
+    ctx: RequestContext = scope["state"][STATE_KEY]
+    return ctx

@@ -8,23 +8,19 @@ credentials). Rejects: nothing; other origins simply get no CORS headers.
 
 from __future__ import annotations
 
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 ALLOW_METHODS = b"GET, POST, OPTIONS"
 ALLOW_HEADERS = b"authorization, content-type, x-api-key"
 EXPOSE_HEADERS = b"x-request-id, x-receipt-id"
 MAX_AGE = b"600"
 
 
-def _header(scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
-
-
 class Cors:
-    def __init__(self, app, *, origins: list[str]) -> None:
+    def __init__(self, app: ASGIApp, *, origins: list[str]) -> None:
         self.app = app
-        self.origins = frozenset(o.encode() for o in origins)
+        self.origins = frozenset(origins)
         self._preflight_headers = [
             (b"access-control-allow-methods", ALLOW_METHODS),
             (b"access-control-allow-headers", ALLOW_HEADERS),
@@ -33,22 +29,23 @@ class Cors:
             (b"content-length", b"0"),
         ]
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.origins:
             await self.app(scope, receive, send)
             return
-        origin = _header(scope, b"origin")
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
         if origin is None or origin not in self.origins:
             await self.app(scope, receive, send)
             return
-        allow_origin = (b"access-control-allow-origin", origin)
-        if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method"):
-            headers = [allow_origin, *self._preflight_headers]
-            await send({"type": "http.response.start", "status": 204, "headers": headers})
+        allow_origin = (b"access-control-allow-origin", origin.encode("latin-1"))
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            preflight = [allow_origin, *self._preflight_headers]
+            await send({"type": "http.response.start", "status": 204, "headers": preflight})
             await send({"type": "http.response.body", "body": b""})
             return
 
-        async def send_with_cors(message) -> None:
+        async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [
                     *message.get("headers", ()),

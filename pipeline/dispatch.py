@@ -1,26 +1,29 @@
 """Dispatch: the terminal stage, which runs the endpoint's handler.
 
-Reads: `ctx.endpoint.handler`. Writes: whatever the handler records in `ctx`. Rejects:
-whatever the handler raises as a GatewayError, rendered as the spec's error object. A
-client that disconnects while the handler works cancels it at once (and with it any
-upstream call); nothing is sent to a client that is gone.
+Reads: `ctx.endpoint.handler`. Writes: whatever the handler records in `ctx` (its
+`billing`). Rejects: whatever the handler raises as a GatewayError, rendered as the
+spec's error object. A client that disconnects while the handler works cancels it at
+once (and with it any upstream call); nothing is sent to a client that is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import GatewayError, send_error
-from pipeline.context import context_of
+from starlette.types import Receive, Scope, Send
+
+from model_gateway.pipeline.context import RequestContext, context_of
+from model_gateway.pipeline.errors import GatewayError, send_error
 
 
-async def _cancel_on_disconnect(receive, exchange: asyncio.Task) -> None:
+async def _cancel_on_disconnect(receive: Receive, exchange: asyncio.Future[None]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     exchange.cancel()
 
 
-async def _serve(ctx, scope, receive, send) -> None:
+async def _serve(ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+    assert ctx.endpoint is not None
     try:
         response = await ctx.endpoint.handler(ctx)
     except GatewayError as error:
@@ -30,7 +33,7 @@ async def _serve(ctx, scope, receive, send) -> None:
 
 
 class Dispatch:
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
         # The watch covers the handler and its response (a stream included); plain asyncio
         # tasks, because an anyio task group here cost ~10x more on every request.

@@ -8,40 +8,39 @@ key, all with one identical message), 403 forbidden (archived project).
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError, InvalidApiKey, send_error
-from gateway.keyring import KeyRing
-from pipeline.context import context_of
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.errors import GatewayError, InvalidApiKey, send_error
+from model_gateway.pipeline.ports import KeyLookup
 
 
-def presented_key(headers) -> str:
+def presented_key(headers: Headers) -> str:
     """The key from the request headers, or InvalidApiKey."""
-    authorization = api_key = None
-    for name, value in headers:
-        if name == b"authorization":
-            if authorization is not None:
-                raise InvalidApiKey()  # two Authorization headers: ambiguous, so malformed
-            authorization = value
-        elif name == b"x-api-key" and api_key is None:
-            api_key = value
-    if authorization is not None:
-        scheme, _, credential = authorization.partition(b" ")
-        if scheme.lower() != b"bearer" or not credential.strip():
+    authorization = headers.getlist("authorization")
+    if len(authorization) > 1:
+        raise InvalidApiKey()  # two Authorization headers: ambiguous, so malformed
+    if authorization:
+        scheme, _, credential = authorization[0].partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
             raise InvalidApiKey()
-        return credential.strip().decode("latin-1")
-    if api_key is not None and api_key.strip():
-        return api_key.strip().decode("latin-1")
+        return credential.strip()
+    api_key = headers.get("x-api-key", "").strip()
+    if api_key:
+        return api_key
     raise InvalidApiKey()
 
 
 class KeyAuth:
-    def __init__(self, app, *, keyring: KeyRing) -> None:
+    def __init__(self, app: ASGIApp, *, keys: KeyLookup) -> None:
         self.app = app
-        self.keyring = keyring
+        self.keys = keys
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
         try:
-            ctx.key, ctx.project = await self.keyring.authenticate(presented_key(scope["headers"]))
+            ctx.key, ctx.project = await self.keys.authenticate(presented_key(Headers(scope=scope)))
         except GatewayError as error:
             await send_error(send, error, ctx.request_id)
             return

@@ -7,27 +7,30 @@ rate_limit_exceeded with `retry-after` (whole seconds, at least 1), mirrored in
 
 from __future__ import annotations
 
-from gateway.errors import RateLimitExceeded, send_error
-from gateway.ratelimit import Gcra
-from pipeline.context import context_of
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.errors import RateLimitExceeded, send_error
+from model_gateway.pipeline.ports import RateLimiter
 
 
 class RateLimit:
     def __init__(
-        self, app, *, limiter: Gcra, default_key_rpm: int, default_project_rpm: int
+        self, app: ASGIApp, *, limiter: RateLimiter, default_key_rpm: int, default_project_rpm: int
     ) -> None:
         self.app = app
         self.limiter = limiter
         self.default_key_rpm = default_key_rpm
         self.default_project_rpm = default_project_rpm
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
         project = ctx.project
+        assert project is not None
         buckets = [(project.id, project.rpm or self.default_project_rpm)]
         if ctx.key is not None:
             buckets.append((ctx.key.id, ctx.key.rpm or self.default_key_rpm))
-        wait = self.limiter.acquire(buckets)
+        wait = await self.limiter.acquire(buckets)
         if wait:
             await send_error(send, RateLimitExceeded(retry_after=wait), ctx.request_id)
             return

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import secrets
 
-from gateway.errors import InternalError, send_error
-from pipeline.context import STATE_KEY, RequestContext
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from model_gateway.pipeline.context import STATE_KEY, RequestContext
+from model_gateway.pipeline.errors import InternalError, send_error
 
 log = logging.getLogger("gateway")
 
@@ -21,10 +23,10 @@ def new_request_id() -> str:
 
 
 class RequestId:
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -33,7 +35,7 @@ class RequestId:
         header = (b"x-request-id", ctx.request_id.encode())
         started = False
 
-        async def send_with_id(message) -> None:
+        async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True

@@ -1,32 +1,38 @@
 """Reservation: holds the most a request can cost before it runs, and owns that hold.
 
-Reads: `ctx.endpoint.pricing`, `ctx.project`, `ctx.key`. Writes: `ctx.reservation`,
+Reads: `ctx.endpoint.pricing`, `ctx.project`, `ctx.key`. Writes: `ctx.hold`,
 `ctx.receipt_id` (allocated now, so `x-receipt-id` can go out with a stream's first
 byte), and the `x-receipt-id` header on successful responses. Rejects: 402
 budget_exceeded (key's monthly limit or project's monthly budget), 402
 insufficient_balance (balance minus open reservations), 503 service_unavailable (a model
-without a price). Whatever happens inside (error, disconnect, cancellation), a hold that
-settle did not consume is released on the way out, shielded from cancellation.
+without a price). Whatever happens inside (error, disconnect, cancellation, a settlement
+that failed), the hold is released on the way out unless settle committed it.
 """
 
 from __future__ import annotations
 
 import secrets
 
-import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, send_error
-from gateway.metering import Meter
-from pipeline.context import context_of
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.errors import GatewayError, send_error
+from model_gateway.pipeline.hold import Hold
+from model_gateway.pipeline.ports import Meter
+
+
+def new_receipt_id() -> str:
+    return "rcpt_" + secrets.token_hex(12)
 
 
 class Reservation:
-    def __init__(self, app, *, meter: Meter) -> None:
+    def __init__(self, app: ASGIApp, *, meter: Meter) -> None:
         self.app = app
         self.meter = meter
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
+        assert ctx.endpoint is not None and ctx.project is not None
         pricing = ctx.endpoint.pricing
         if pricing is None:
             await self.app(scope, receive, send)
@@ -34,16 +40,14 @@ class Reservation:
         try:
             amount = pricing.estimate(ctx)
             key_id = ctx.key.id if ctx.key is not None else None
-            # Shielded: a hold taken for a request cancelled meanwhile must still be released.
-            with anyio.CancelScope(shield=True):
-                ctx.reservation = await self.meter.reserve(ctx.project.id, key_id, amount)
+            hold = ctx.hold = await Hold.take(self.meter, ctx.project.id, key_id, amount)
         except GatewayError as error:
             await send_error(send, error, ctx.request_id)
             return
-        ctx.receipt_id = "rcpt_" + secrets.token_hex(12)
+        ctx.receipt_id = new_receipt_id()
         receipt_header = (b"x-receipt-id", ctx.receipt_id.encode())
 
-        async def send_with_receipt_id(message) -> None:
+        async def send_with_receipt_id(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] < 400:
                 message["headers"] = [*message.get("headers", ()), receipt_header]
             await send(message)
@@ -51,7 +55,4 @@ class Reservation:
         try:
             await self.app(scope, receive, send_with_receipt_id)
         finally:
-            if ctx.reservation is not None:  # settle clears it once it has closed the hold
-                with anyio.CancelScope(shield=True):
-                    await self.meter.release(ctx.reservation)
-                ctx.reservation = None
+            await hold.release()  # a no-op when settle committed it

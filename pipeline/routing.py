@@ -1,32 +1,35 @@
-"""Routing: finds the endpoint before anything looks at credentials.
+"""Routing: finds the endpoint before anything looks at credentials, and picks its chain.
 
 Reads: method and path (less the mount's root_path). Writes: `ctx.endpoint`,
 `ctx.path_params`. Rejects: 404 not_found (an unknown /v1 path points at GET /v1) and
-405 method_not_allowed with an `allow` header. Public endpoints skip the key stages and
-go straight to `public` (the dispatch stage).
+405 method_not_allowed with an `allow` header. Public endpoints go on through the public
+chain, every other one through the keyed chain (see `build_pipeline`).
 """
 
 from __future__ import annotations
 
-from gateway.errors import MethodNotAllowed, NotFound, send_error
-from gateway.routes import PUBLIC, RouteTable
-from pipeline.context import context_of
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.endpoint import PUBLIC, RouteTable
+from model_gateway.pipeline.errors import MethodNotAllowed, NotFound, send_error
 
 
-def route_path(scope) -> str:
-    path, root = scope["path"], scope.get("root_path", "")
+def route_path(scope: Scope) -> str:
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
     if root and path.startswith(root):
         return path[len(root) :] or "/"
     return path
 
 
 class Routing:
-    def __init__(self, app, *, table: RouteTable, public) -> None:
-        self.app = app
+    def __init__(self, *, table: RouteTable, public: ASGIApp, keyed: ASGIApp) -> None:
         self.table = table
         self.public = public
+        self.keyed = keyed
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
         path = route_path(scope)
         found = self.table.match(path)
@@ -48,4 +51,4 @@ class Routing:
             return
         ctx.endpoint = endpoint
         ctx.path_params = params
-        await (self.public if endpoint.scope == PUBLIC else self.app)(scope, receive, send)
+        await (self.public if endpoint.scope == PUBLIC else self.keyed)(scope, receive, send)

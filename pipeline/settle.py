@@ -1,81 +1,72 @@
 """Settle: charges what the request actually cost, in the same step that frees its hold.
 
-Reads: `ctx.outcome`, `ctx.usage`, `ctx.response_sha256` (set by the handler),
-`ctx.reservation`. Writes: the receipt and its ledger charge (storage), then clears
-`ctx.reservation`. It wraps dispatch and acts on the way out: at the response's final
-body message, so the books are closed before the client has the last byte, or after
-dispatch returns when the response never finished (client gone). A request with no
-billable outcome (an error) has its hold released in full instead. The charge never
-exceeds the hold.
+Reads: `ctx.billing` (written by the handler), `ctx.hold`. Writes: the charge and its
+receipt, through the hold. It wraps dispatch and acts on the way out: at the response's
+final body message, so the books are closed before the client has the last byte, or
+after dispatch returns when the response never finished (client gone). A request with no
+billing (an error) is left to the reservation stage, which releases its hold in full.
+The charge never exceeds the hold. A settlement that fails raises: the hold stays open
+and the reservation stage releases it, so the client sees a cut response, never a
+request both unbilled and still holding money.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import time
 
-import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.metering import Meter
-from pipeline.context import RequestContext, context_of
-from storage import ReceiptRecord
+from model_gateway.pipeline.context import RequestContext, Settlement, context_of
 
 log = logging.getLogger("gateway.metering")
 
-_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
-
-def _receipt(ctx: RequestContext, cost: int, reservation) -> ReceiptRecord:
+def settlement_of(ctx: RequestContext) -> Settlement | None:
+    """The settlement of a request whose handler reported billing, or None."""
+    billing, hold = ctx.billing, ctx.hold
+    if billing is None or hold is None or ctx.receipt_id is None:
+        return None
+    assert ctx.endpoint is not None and ctx.endpoint.pricing is not None
     pricing = ctx.endpoint.pricing
-    return ReceiptRecord(
-        id=ctx.receipt_id,
-        reservation_id=reservation.id,
-        project_id=reservation.project_id,
-        key_id=reservation.key_id,
+    cost = pricing.cost(ctx)
+    if cost > hold.amount:
+        log.warning("request_id=%s cost %d above its hold", ctx.request_id, cost)
+    return Settlement(
+        receipt_id=ctx.receipt_id,
         request_id=ctx.request_id,
         kind=pricing.kind,
         endpoint=ctx.endpoint.path,
-        model_or_runtime=pricing.subject(ctx),
-        status=ctx.outcome,
-        usage=ctx.usage or {},
-        cost=cost,
-        month=reservation.month,
-        created_at=time.time_ns() // 1000,
-        request_sha256=hashlib.sha256(ctx.body).hexdigest(),
-        response_sha256=ctx.response_sha256 or _EMPTY_SHA256,
+        subject=pricing.subject(ctx),
+        status=billing.outcome,
+        usage=billing.usage,
+        cost=min(cost, hold.amount),
+        request_body=ctx.body,
+        response_sha256=billing.response_sha256,
+        usage_source=billing.usage_source,
+        provider=ctx.provider,
     )
 
 
 class Settle:
-    def __init__(self, app, *, meter: Meter) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.meter = meter
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
-        if ctx.reservation is None:
+        if ctx.hold is None:
             await self.app(scope, receive, send)
             return
 
-        async def send_settled(message) -> None:
+        async def send_settled(message: Message) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                await self._settle(ctx)
+                await _settle(ctx)
             await send(message)
 
         await self.app(scope, receive, send_settled)
-        await self._settle(ctx)
+        await _settle(ctx)
 
-    async def _settle(self, ctx: RequestContext) -> None:
-        reservation = ctx.reservation
-        if reservation is None:
-            return
-        ctx.reservation = None
-        with anyio.CancelScope(shield=True):
-            if ctx.outcome is None:
-                await self.meter.release(reservation)
-                return
-            cost = ctx.endpoint.pricing.cost(ctx)
-            if cost > reservation.amount:
-                log.warning("request_id=%s cost %d above its hold", ctx.request_id, cost)
-            await self.meter.settle(_receipt(ctx, min(cost, reservation.amount), reservation))
+
+async def _settle(ctx: RequestContext) -> None:
+    settlement = settlement_of(ctx)
+    if settlement is not None and ctx.hold is not None:
+        await ctx.hold.settle(settlement)  # idempotent: the second call is a no-op

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the sandbox node needs, only when one is missing.
+# Installs the Debian packages the sandbox node and the console's browser tests need,
+# only when one is missing.
 # Idempotent; never fails the build: without root or apt-get it prints a warning,
 # and the node's health endpoint reports the missing isolation layer instead.
 set -u
@@ -9,6 +10,7 @@ declare -A NEEDED=(
     [bwrap]=bubblewrap      # namespaces, read-only filesystem view
     [unshare]=util-linux    # fallback when bwrap cannot be used
     [setpriv]=util-linux
+    [chromium]=chromium     # console browser tests (Playwright drives it; nothing downloaded)
 )
 # libseccomp2 is a library, not a command: checked through dpkg.
 LIBS=(libseccomp2)
@@ -25,7 +27,7 @@ done
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2)"
+    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2, chromium)"
     exit 0
 fi
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from storage.base import (
+from model_gateway.storage.base import (
     Account,
     KeyRecord,
     LimitReached,
@@ -22,7 +22,9 @@ from storage.base import (
 
 # Import strings, so that a driver is imported only when its backend is used.
 BACKENDS = {
-    "sqlite": "storage.sqlite:SQLiteStorage",
+    "sqlite": "model_gateway.storage.sqlite:SQLiteStorage",
+    "postgresql": "model_gateway.storage.postgres:PostgresStorage",
+    "postgres": "model_gateway.storage.postgres:PostgresStorage",
 }
 
 
@@ -33,7 +35,7 @@ async def open_storage(url: str) -> Storage:
         known = ", ".join(sorted(BACKENDS))
         raise StorageError(f"unknown storage URL scheme {scheme!r} (known: {known})")
     module_name, class_name = target.split(":")
-    backend = getattr(importlib.import_module(module_name), class_name)
+    backend: type[Storage] = getattr(importlib.import_module(module_name), class_name)
     return await backend.open(url)
 
 

@@ -13,8 +13,17 @@ The batch runs on the event loop itself: a few single-row statements take tens o
 microseconds, while a hop to a worker thread and back measured 200-350 us on the 2-core
 machines we run on. The loop never waits on a lock: the connection's busy timeout is 0,
 and a batch that finds the database locked (the CLI, an admin transaction) backs off
-asynchronously and is retried whole; nothing of it ran. WAL checkpoints, the only writes
-that fsync, are left to `checkpoint()` on another thread (autocheckpoint is off here).
+asynchronously and is retried whole; nothing of it ran. After the storage's busy timeout
+it gives up: every write of the batch fails with the SQLITE_BUSY error, so no caller waits
+forever and a settlement's hold stays open for its owner to release. (A write queued
+while a batch waits joins the next batch, with a deadline of its own: it may wait up to
+twice the timeout.) WAL checkpoints, the
+only writes that fsync, are left to `checkpoint()` on another thread (autocheckpoint is
+off here).
+
+Every caller's future is resolved, whatever happens: an error that belongs to one
+statement (a constraint, a trigger's abort, a value SQLite cannot bind) is that write's
+outcome alone; any other error fails the whole batch, which then ran not at all.
 """
 
 from __future__ import annotations
@@ -23,31 +32,52 @@ import asyncio
 import sqlite3
 import time
 from pathlib import Path
+from typing import TypeAlias
 
 MAX_BATCH = 256
-_UNIT = "-- several statements, all or nothing"
 BUSY_RETRY_S = 0.001
-BUSY_GIVE_UP_S = 5.0
+
+Params: TypeAlias = tuple[object, ...]
+Unit: TypeAlias = list[tuple[str, list[Params]]]
+Outcome: TypeAlias = int | Exception
+_Pending: TypeAlias = tuple[str, "Params | Unit", "asyncio.Future[int]"]
+
+_UNIT = "-- several statements, all or nothing"
+# Errors SQLite raises for one statement, which undo that statement only (or that happen
+# before it runs: a parameter it cannot bind). Anything else (OperationalError: busy, I/O,
+# disk full) concerns the transaction, and fails the batch.
+_STATEMENT_ERRORS = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,
+    sqlite3.DataError,
+    OverflowError,
+)
 
 
 class GroupCommitWriter:
-    def __init__(self, path: Path, pragmas: tuple[str, ...]) -> None:
+    def __init__(self, path: Path, pragmas: tuple[str, ...], busy_timeout_s: float) -> None:
+        self._give_up_after_s = busy_timeout_s
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        for pragma in (*pragmas, "busy_timeout = 0", "wal_autocheckpoint = 0"):
-            self._conn.execute(f"PRAGMA {pragma}")
-        self._pending: list[tuple[str, tuple | list[tuple], asyncio.Future]] = []
-        self._flusher: asyncio.Task | None = None
+        try:
+            for pragma in (*pragmas, "busy_timeout = 0", "wal_autocheckpoint = 0"):
+                self._conn.execute(f"PRAGMA {pragma}")
+        except BaseException:
+            self._conn.close()
+            raise
+        self._pending: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
 
-    async def execute(self, sql: str, params: tuple) -> int:
+    async def execute(self, sql: str, params: Params) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""
         return await self._queue(sql, params)
 
-    async def execute_unit(self, statements: list[tuple[str, list[tuple]]]) -> None:
+    async def execute_unit(self, statements: Unit) -> None:
         """Run each statement over its parameter rows, all or nothing, in the next batch."""
         await self._queue(_UNIT, statements)
 
-    async def _queue(self, sql: str, params) -> int:
-        future = asyncio.get_running_loop().create_future()
+    async def _queue(self, sql: str, params: Params | Unit) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((sql, params, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
@@ -59,42 +89,45 @@ class GroupCommitWriter:
             await asyncio.sleep(0)
             while self._pending:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                outcomes: list[Outcome]
                 try:
                     outcomes = await self._run_when_unlocked(batch)
-                except sqlite3.Error as exc:  # the transaction itself failed: so did every write
+                except Exception as exc:  # the transaction itself failed: so did every write
                     outcomes = [exc] * len(batch)
                 for (_, _, future), outcome in zip(batch, outcomes, strict=True):
                     if future.done():
                         continue
-                    if isinstance(outcome, BaseException):
+                    if isinstance(outcome, Exception):
                         future.set_exception(outcome)
                     else:
                         future.set_result(outcome)
         finally:
             self._flusher = None
 
-    async def _run_when_unlocked(self, batch) -> list:
-        deadline = time.monotonic() + BUSY_GIVE_UP_S
+    async def _run_when_unlocked(self, batch: list[_Pending]) -> list[Outcome]:
+        deadline = time.monotonic() + self._give_up_after_s
         while True:
             try:
                 return self._run(batch)
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(BUSY_RETRY_S)
 
-    def _run(self, batch: list[tuple[str, tuple, asyncio.Future]]) -> list:
+    def _run(self, batch: list[_Pending]) -> list[Outcome]:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
-        outcomes: list = []
+        outcomes: list[Outcome] = []
         try:
             for sql, params, _ in batch:
                 try:
                     if sql is _UNIT:
+                        assert isinstance(params, list)
                         outcomes.append(self._run_unit(params))
                     else:
+                        assert isinstance(params, tuple)
                         outcomes.append(conn.execute(sql, params).rowcount)
-                except sqlite3.IntegrityError as exc:  # this statement (or unit) only was undone
+                except _STATEMENT_ERRORS as exc:  # this statement (or unit) only was undone
                     outcomes.append(exc)
             conn.execute("COMMIT")
         except BaseException:
@@ -103,13 +136,13 @@ class GroupCommitWriter:
             raise
         return outcomes
 
-    def _run_unit(self, statements: list[tuple[str, list[tuple]]]) -> int:
+    def _run_unit(self, statements: Unit) -> int:
         conn = self._conn
         conn.execute("SAVEPOINT unit")
         try:
             for sql, rows in statements:
                 conn.executemany(sql, rows)
-        except sqlite3.IntegrityError:
+        except _STATEMENT_ERRORS:
             conn.execute("ROLLBACK TO unit")
             conn.execute("RELEASE unit")
             raise

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import signal
+
 import pytest
 
+from tests.storage.backends import STORAGE_BACKENDS, in_ci, postgres_absent, postgres_database
 from tests.support.gateway_process import GatewayProcess
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "postgres: needs a PostgreSQL server (skipped only when none listens)"
+        "markers",
+        "postgres: needs a PostgreSQL server (skipped only when none listens; CI=true fails)",
     )
 
 
@@ -23,3 +27,58 @@ def auth(gateway):
     """A fresh project with an all-scopes key: returns (project_id, key)."""
     project = gateway.create_project("auth-fixture")
     return project, gateway.create_key(project, "inference,sandboxes,receipts")
+
+
+# --- storage backends: one parametrization for every storage test ----------------------
+_postgres_skipped: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL database of this test run's own, dropped at its end."""
+    absent = postgres_absent()
+    if absent is not None:
+        if in_ci():
+            pytest.fail(f"CI=true and {absent}: the PostgreSQL cases must run in CI")
+        _postgres_skipped.append(absent)
+        pytest.skip(absent)
+    # A run stopped by SIGTERM (`timeout`, CI) still drops its database: as an interrupt,
+    # pytest runs the fixtures' teardown.
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with postgres_database() as url:
+            yield url
+    finally:
+        if previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(params=STORAGE_BACKENDS)
+def storage_url(request, tmp_path) -> str:
+    """Each backend in turn: a new SQLite file, or this run's PostgreSQL database (shared by
+    the run's tests, which use fresh ids)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/storage.db"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture(params=STORAGE_BACKENDS)
+def fresh_storage_url(request, tmp_path):
+    """Like `storage_url`, but an empty database of this test's own (for global state such
+    as the transparency log)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/fresh.db"
+        return
+    request.getfixturevalue("postgres_url")  # the server check: skip, or fail in CI
+    with postgres_database() as url:
+        yield url
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _postgres_skipped:
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if "postgres" in r.keywords]
+        terminalreporter.write_sep(
+            "=", f"{len(skipped)} PostgreSQL case(s) SKIPPED: {_postgres_skipped[0]}", yellow=True
+        )

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config
+from model_gateway.gateway.config import ConfigError, load_config, parse_config
 from tests.support.errors import assert_error
 from tests.support.gateway_process import GATEWAY, GatewayProcess
 from tests.support.http import bearer, chat_body
@@ -207,3 +207,39 @@ def test_a_provider_without_its_credential_is_not_configured_and_the_server_star
             assert_error(http.post(path, json=body), 503, "service_unavailable")
         # The deployment's other models still answer.
         assert http.post("/v1/chat/completions", json=chat_body("echo-1")).status_code == 200
+
+
+def test_the_request_head_limits_default_to_the_decided_values():
+    server = parse_config("").server
+    assert (server.max_head_bytes, server.head_timeout_s, server.body_timeout_s) == (65536, 30, 60)
+
+
+def test_the_shipped_config_names_the_request_head_limits():
+    shipped = Path(__file__).resolve().parents[1] / "config.toml"
+    server = load_config(shipped).server
+    assert (server.max_head_bytes, server.head_timeout_s, server.body_timeout_s) == (65536, 30, 60)
+    text = shipped.read_text()
+    for key in ("max_head_bytes", "head_timeout_s", "body_timeout_s"):
+        assert f"\n{key} = " in text, key
+
+
+def test_the_request_head_limits_are_read_from_the_file():
+    server = parse_config(
+        "[server]\nmax_head_bytes = 8192\nhead_timeout_s = 2.5\nbody_timeout_s = 5\n"
+    ).server
+    assert (server.max_head_bytes, server.head_timeout_s, server.body_timeout_s) == (8192, 2.5, 5)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[server]\nmax_head_bytes = "64k"\n', "server.max_head_bytes"),
+        ("[server]\nmax_head_bytes = 100\n", "server"),  # would refuse every request
+        ("[server]\nhead_timeout_s = 0\n", "server"),
+        ("[server]\nbody_timeout_s = -1\n", "server"),
+        ('[server]\nbody_timeout_s = "never"\n', "server.body_timeout_s"),
+    ],
+)
+def test_a_request_head_limit_out_of_range_is_refused(text, named):
+    message = failure(text)
+    assert f"`{named}`" in message, message

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.api import CoreHandlers
-from gateway.app import Gateway
-from gateway.config import parse_config
-from gateway.errors import ServiceUnavailable
+from model_gateway.gateway.api import CoreHandlers
+from model_gateway.gateway.app import Gateway
+from model_gateway.gateway.config import parse_config
+from model_gateway.pipeline.errors import ServiceUnavailable
 
 
 async def test_healthz_is_503_once_storage_stops_answering(tmp_path):

@@ -4,9 +4,10 @@ Both run on every model: Chat Completions go to the model's provider as they are
 provider translates if it speaks something else); Responses pass through to providers
 with a native Responses endpoint and are translated to chat and back for the others.
 
-Metering contract (read by the reservation and settle stages): `ctx.usage`,
-`ctx.outcome` and `ctx.response_sha256` are set before the response's last message.
-A failure before anything was sent raises, and leaves `ctx.outcome` None.
+Metering contract (read by the settle stage): `ctx.billing` is set before the
+response's last message. A failure before anything was sent raises, and leaves it None;
+a client that leaves after the upstream accepted the request is billed its prompt, as
+`cancelled`. Usage is billed as `usage.billing` checks it (bad counts: the gateway's).
 """
 
 from __future__ import annotations
@@ -14,38 +15,47 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
 import orjson
 from starlette.responses import Response
 
-from gateway.config import ModelConfig
-from gateway.errors import JSON_CONTENT_TYPE, ProviderTimeout
-from gateway.inference.renderers import (
+from model_gateway.gateway.config import ModelConfig
+from model_gateway.gateway.inference.renderers import (
     ChatRenderer,
     NativeResponsesRenderer,
     TranslatedResponsesRenderer,
-    chat_tokens,
-    responses_tokens,
 )
-from gateway.inference.responses_translate import chat_request, response_from_chat
-from gateway.inference.schemas import ChatRequest, ResponsesRequest
-from gateway.inference.streaming import Upstream, open_stream
-from gateway.inference.tokens import (
+from model_gateway.gateway.inference.responses_translate import chat_request, response_from_chat
+from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
+from model_gateway.gateway.inference.streaming import Upstream, open_stream
+from model_gateway.gateway.inference.tokens import (
     chat_prompt_text,
     completion_text,
-    estimate_tokens,
     response_text,
     responses_prompt_text,
 )
-from gateway.pricing import InferencePricing
-from gateway.providers import Provider, Providers, ResponsesUnsupported
-from gateway.routes import Endpoint
-from gateway.validation import decoder
+from model_gateway.gateway.inference.usage import (
+    CHAT_KEYS,
+    RESPONSES_KEYS,
+    billing,
+    cancelled,
+    reported,
+    shown_usage,
+)
+from model_gateway.gateway.pricing import InferencePricing
+from model_gateway.gateway.providers import Provider, Providers, ResponsesUnsupported
+from model_gateway.gateway.providers.upstream import Acceptance
+from model_gateway.gateway.routing.attempts import attempt_chain
+from model_gateway.pipeline.endpoint import Endpoint
+from model_gateway.pipeline.errors import JSON_CONTENT_TYPE, ProviderTimeout
+from model_gateway.pipeline.validation import decoder
 
 if TYPE_CHECKING:
-    from pipeline.context import RequestContext
+    from model_gateway.gateway.metrics import Metrics
+    from model_gateway.pipeline.context import RequestContext
 
 log = logging.getLogger("gateway.inference")
 
@@ -53,12 +63,15 @@ _JSON = JSON_CONTENT_TYPE.decode()
 _CHAT_LIMITS = ("max_completion_tokens", "max_tokens")
 
 
-def upstream_chat(request: dict, model: ModelConfig, model_id: str, *, stream: bool) -> dict:
-    """The chat request as sent upstream: upstream model name, output limit within the model's."""
+def upstream_chat(
+    request: dict, model: ModelConfig, model_id: str, *, stream: bool, upstream: str | None = None
+) -> dict:
+    """The chat request as sent upstream: upstream model name (`upstream`, for a fallback),
+    output limit within the model's."""
     body = {k: v for k, v in request.items() if k != "stream"}
     if not stream:
         body.pop("stream_options", None)
-    body["model"] = model.upstream or model_id
+    body["model"] = upstream or model.upstream or model_id
     limits = [key for key in _CHAT_LIMITS if key in body]
     for key in limits:
         body[key] = min(body[key], model.max_output_tokens)
@@ -67,31 +80,40 @@ def upstream_chat(request: dict, model: ModelConfig, model_id: str, *, stream: b
     return body
 
 
-def upstream_responses(request: dict, model: ModelConfig, model_id: str) -> dict:
+def upstream_responses(
+    request: dict, model: ModelConfig, model_id: str, upstream: str | None = None
+) -> dict:
     body = {k: v for k, v in request.items() if k != "stream"}
-    body["model"] = model.upstream or model_id
+    body["model"] = upstream or model.upstream or model_id
     body["max_output_tokens"] = min(
         body.get("max_output_tokens") or model.max_output_tokens, model.max_output_tokens
     )
     return body
 
 
-def _estimate(prompt: str, output: str) -> dict[str, int]:
-    return {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(output)}
+def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: str) -> dict:
+    """The counts of the answer's usage as the upstream reported them (`keys` name them);
+    the answer is left showing the counts that are billed."""
+    counts = reported(answer.get("usage"), keys)
+    if "usage" in answer:
+        answer["usage"] = shown_usage(answer["usage"], prompt, output, keys)
+    return counts
 
 
-def _respond(ctx: RequestContext, payload: dict, usage: dict[str, int]) -> Response:
+def _respond(ctx: RequestContext, payload: dict, counts: dict, prompt: str, output: str):
+    """A whole answer, billed by the reported `counts` as `usage.billing` checks them."""
     raw = orjson.dumps(payload)
-    ctx.usage = usage
-    ctx.response_sha256 = hashlib.sha256(raw).hexdigest()
-    ctx.outcome = "succeeded"
+    ctx.billing = billing("succeeded", counts, prompt, output, hashlib.sha256(raw).hexdigest())
     return Response(raw, media_type=_JSON)
 
 
 class InferenceHandlers:
-    def __init__(self, providers: Providers, timeout_s: float) -> None:
+    def __init__(
+        self, providers: Providers, timeout_s: float, metrics: Metrics | None = None
+    ) -> None:
         self.providers = providers
         self.timeout_s = timeout_s
+        self.metrics = metrics
 
     def routes(self) -> list[Endpoint]:
         return [
@@ -113,75 +135,108 @@ class InferenceHandlers:
             ),
         ]
 
-    async def _call(self, provider: Provider, call):
+    async def _call(self, ctx, provider: Provider, call, acceptance: Acceptance, prompt: str):
         """Await one whole upstream answer within the gateway timeout."""
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await call
         except TimeoutError:
-            log.warning("provider %s gave no answer within %.1f s", provider.name, self.timeout_s)
-            raise ProviderTimeout() from None
+            raise ProviderTimeout() from None  # logged by the attempt chain
+        except asyncio.CancelledError:
+            if acceptance.accepted:  # the client left while the answer was on its way
+                ctx.billing = cancelled(prompt)
+            raise
+        finally:
+            ctx.upstream_seconds += time.perf_counter() - started
 
-    def _upstream(self, provider: Provider, events) -> Upstream:
-        return Upstream(events, self.timeout_s, provider.name)
+    def _upstream(self, ctx, provider: Provider, events, acceptance: Acceptance) -> Upstream:
+        return Upstream(events, self.timeout_s, provider.name, acceptance, ctx)
 
     async def chat_completions(self, ctx: RequestContext):
         request = msgspec.to_builtins(ctx.payload)
-        provider = self.providers[ctx.model.provider]
+
+        async def serve(provider: Provider, upstream: str):
+            return await self._chat(ctx, provider, upstream, request)
+
+        return await attempt_chain(ctx, self.providers, self.metrics, serve)
+
+    async def _chat(self, ctx, provider: Provider, upstream_model: str, request: dict):
         stream = ctx.payload.stream
-        body = upstream_chat(request, ctx.model, ctx.model_id, stream=stream)
+        body = upstream_chat(
+            request, ctx.model, ctx.model_id, stream=stream, upstream=upstream_model
+        )
         prompt = chat_prompt_text(body)
+        acceptance = Acceptance()
         if stream:
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            upstream = self._upstream(provider, provider.chat_stream(body))
-            return await open_stream(
-                ctx, upstream, ChatRenderer(ctx.model_id, include_usage), prompt
-            )
-        completion = await self._call(provider, provider.chat(body))
+            events = provider.chat_stream(body, acceptance)
+            upstream = self._upstream(ctx, provider, events, acceptance)
+            renderer = ChatRenderer(ctx.model_id, include_usage, prompt)
+            return await open_stream(ctx, upstream, renderer, prompt)
+        call = provider.chat(body, acceptance)
+        completion = await self._call(ctx, provider, call, acceptance, prompt)
         completion["model"] = ctx.model_id
-        usage = chat_tokens(completion.get("usage")) or _estimate(
-            prompt, completion_text(completion)
-        )
-        return _respond(ctx, completion, usage)
+        output = completion_text(completion)
+        counts = _show_billed(completion, CHAT_KEYS, prompt, output)
+        return _respond(ctx, completion, counts, prompt, output)
 
     async def responses(self, ctx: RequestContext):
         request = msgspec.to_builtins(ctx.payload)
-        provider = self.providers[ctx.model.provider]
         prompt = responses_prompt_text(request)
+
+        async def serve(provider: Provider, upstream: str):
+            return await self._responses(ctx, provider, upstream, request, prompt)
+
+        return await attempt_chain(ctx, self.providers, self.metrics, serve)
+
+    async def _responses(self, ctx, provider: Provider, upstream: str, request: dict, prompt: str):
         if provider.native_responses is not False:
             try:
-                response = await self._native_responses(ctx, provider, request, prompt)
+                response = await self._native_responses(ctx, provider, upstream, request, prompt)
             except ResponsesUnsupported:
                 pass
             else:
                 provider.native_responses = True
                 return response
-        response = await self._translated_responses(ctx, provider, request, prompt)
+        response = await self._translated_responses(ctx, provider, upstream, request, prompt)
         if provider.native_responses is None:
             # It answered chat where it had no Responses endpoint: translate from now on.
             log.info("provider %s has no Responses endpoint; translating", provider.name)
             provider.native_responses = False
         return response
 
-    async def _native_responses(self, ctx, provider, request: dict, prompt: str):
-        body = upstream_responses(request, ctx.model, ctx.model_id)
+    async def _native_responses(self, ctx, provider, upstream_model: str, request, prompt: str):
+        body = upstream_responses(request, ctx.model, ctx.model_id, upstream_model)
+        acceptance = Acceptance()
         if ctx.payload.stream:
-            upstream = self._upstream(provider, provider.responses_stream(body))
-            return await open_stream(ctx, upstream, NativeResponsesRenderer(ctx.model_id), prompt)
-        result = await self._call(provider, provider.responses(body))
+            events = provider.responses_stream(body, acceptance)
+            upstream = self._upstream(ctx, provider, events, acceptance)
+            renderer = NativeResponsesRenderer(ctx.model_id, prompt)
+            return await open_stream(ctx, upstream, renderer, prompt)
+        call = provider.responses(body, acceptance)
+        result = await self._call(ctx, provider, call, acceptance, prompt)
         result["model"] = ctx.model_id
-        usage = responses_tokens(result.get("usage")) or _estimate(prompt, response_text(result))
-        return _respond(ctx, result, usage)
+        output = response_text(result)
+        counts = _show_billed(result, RESPONSES_KEYS, prompt, output)
+        return _respond(ctx, result, counts, prompt, output)
 
-    async def _translated_responses(self, ctx, provider, request: dict, prompt: str):
+    async def _translated_responses(
+        self, ctx, provider, upstream_model: str, request: dict, prompt: str
+    ):
         stream = ctx.payload.stream
-        body = upstream_chat(chat_request(request), ctx.model, ctx.model_id, stream=stream)
+        chat = chat_request(request)
+        body = upstream_chat(chat, ctx.model, ctx.model_id, stream=stream, upstream=upstream_model)
+        acceptance = Acceptance()
         if stream:
-            upstream = self._upstream(provider, provider.chat_stream(body))
-            return await open_stream(ctx, upstream, TranslatedResponsesRenderer(request), prompt)
-        completion = await self._call(provider, provider.chat(body))
+            events = provider.chat_stream(body, acceptance)
+            upstream = self._upstream(ctx, provider, events, acceptance)
+            renderer = TranslatedResponsesRenderer(request, prompt)
+            return await open_stream(ctx, upstream, renderer, prompt)
+        call = provider.chat(body, acceptance)
+        completion = await self._call(ctx, provider, call, acceptance, prompt)
+        output = completion_text(completion)
+        # The chat usage is the one checked and billed; the Response shows the same counts.
+        counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         result = response_from_chat(completion, request)
-        usage = chat_tokens(completion.get("usage")) or _estimate(
-            prompt, completion_text(completion)
-        )
-        return _respond(ctx, result, usage)
+        return _respond(ctx, result, counts, prompt, output)

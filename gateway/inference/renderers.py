@@ -1,34 +1,38 @@
 """What a client-facing stream looks like, one renderer per kind (see streaming.Renderer).
 
 Each renderer also keeps what metering needs: the text delivered so far and the usage
-the upstream reported, as {"input_tokens", "output_tokens"}.
+the upstream reported, as {"input_tokens", "output_tokens"} (as reported: `usage`
+checks the counts when it bills them).
 """
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError
-from gateway.inference.responses_stream import ResponsesEvents
-from gateway.inference.sse import DONE, data_event, named_event
+from typing import Any
+
+from model_gateway.gateway.inference.responses_stream import ResponsesEvents
+from model_gateway.gateway.inference.sse import DONE, data_event, named_event
+from model_gateway.gateway.inference.usage import (
+    CHAT_KEYS,
+    RESPONSES_KEYS,
+    reported,
+    shown_usage,
+)
+from model_gateway.pipeline.errors import GatewayError
 
 
-def chat_tokens(usage: dict | None) -> dict[str, int] | None:
-    """Chat usage as the gateway's usage record."""
-    if not usage:
-        return None
-    return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
-    }
+def chat_tokens(usage: Any) -> dict[str, Any]:
+    """Chat usage's counts under the gateway's names, as reported (checked when billed)."""
+    return reported(usage, CHAT_KEYS)
 
 
-def responses_tokens(usage: dict | None) -> dict[str, int] | None:
-    """Responses usage as the gateway's usage record."""
-    if not usage:
-        return None
-    return {
-        "input_tokens": int(usage.get("input_tokens") or 0),
-        "output_tokens": int(usage.get("output_tokens") or 0),
-    }
+def responses_tokens(usage: Any) -> dict[str, Any]:
+    """Responses usage's counts under the gateway's names, as reported."""
+    return reported(usage, RESPONSES_KEYS)
+
+
+def text_of(value: Any) -> str:
+    """A text an upstream sent, or "" when it sent something else where text belongs."""
+    return value if isinstance(value, str) else ""
 
 
 def chunk_output(chunk: dict) -> str:
@@ -36,12 +40,12 @@ def chunk_output(chunk: dict) -> str:
     parts = []
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") or {}
-        parts.append(delta.get("content") or "")
-        parts.append(delta.get("refusal") or "")
+        parts.append(text_of(delta.get("content")))
+        parts.append(text_of(delta.get("refusal")))
         for call in delta.get("tool_calls") or ():
             function = call.get("function") or {}
-            parts.append(function.get("name") or "")
-            parts.append(function.get("arguments") or "")
+            parts.append(text_of(function.get("name")))
+            parts.append(text_of(function.get("arguments")))
     return "".join(parts)
 
 
@@ -61,11 +65,12 @@ def responses_error_event(error: GatewayError, request_id: str, sequence: int) -
 class ChatRenderer:
     """Chat chunks as `data:` events, then `data: [DONE]`."""
 
-    def __init__(self, model_id: str, include_usage: bool) -> None:
+    def __init__(self, model_id: str, include_usage: bool, prompt: str) -> None:
         self.model_id = model_id
         self.include_usage = include_usage
+        self.prompt = prompt
         self._output: list[str] = []
-        self._usage: dict | None = None
+        self._usage: Any = None
 
     def start(self) -> bytes:
         return b""
@@ -73,7 +78,9 @@ class ChatRenderer:
     def feed(self, chunk: dict) -> bytes:
         usage = chunk.get("usage")
         if usage:
+            # The usage chunk comes after the output: the gateway's count is final here.
             self._usage = usage
+            chunk["usage"] = shown_usage(usage, self.prompt, self.output_text(), CHAT_KEYS)
         if not self.include_usage:
             chunk.pop("usage", None)  # as OpenAI: usage only for who asked for it
             if not chunk.get("choices"):
@@ -91,16 +98,18 @@ class ChatRenderer:
     def output_text(self) -> str:
         return "".join(self._output)
 
-    def usage(self) -> dict[str, int] | None:
+    def usage(self) -> dict[str, Any]:
         return chat_tokens(self._usage)
 
 
 class TranslatedResponsesRenderer:
     """Chat chunks translated into Responses events."""
 
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: dict, prompt: str) -> None:
         self.events = ResponsesEvents(request)
+        self.prompt = prompt
         self._output: list[str] = []
+        self._usage: Any = None  # as the upstream reported it
 
     @staticmethod
     def _write(events) -> bytes:
@@ -114,7 +123,10 @@ class TranslatedResponsesRenderer:
         return self._write(self.events.feed(chunk))
 
     def finish(self) -> bytes:
-        return self._write(self.events.finish())
+        events = self.events
+        self._usage = events.usage
+        events.usage = shown_usage(events.usage, self.prompt, self.output_text(), CHAT_KEYS)
+        return self._write(events.finish())
 
     def error(self, error: GatewayError, request_id: str) -> bytes:
         return responses_error_event(error, request_id, self.events.sequence)
@@ -122,8 +134,8 @@ class TranslatedResponsesRenderer:
     def output_text(self) -> str:
         return "".join(self._output)
 
-    def usage(self) -> dict[str, int] | None:
-        return chat_tokens(self.events.usage)
+    def usage(self) -> dict[str, Any]:
+        return chat_tokens(self._usage if self._usage is not None else self.events.usage)
 
 
 _DELTAS = {
@@ -137,10 +149,11 @@ _ENDS = {"response.completed", "response.incomplete"}
 class NativeResponsesRenderer:
     """A native Responses stream passed through, with the gateway's model id."""
 
-    def __init__(self, model_id: str) -> None:
+    def __init__(self, model_id: str, prompt: str) -> None:
         self.model_id = model_id
+        self.prompt = prompt
         self._output: list[str] = []
-        self._usage: dict | None = None
+        self._usage: Any = None
         self._sequence = 0
 
     def start(self) -> bytes:
@@ -152,10 +165,13 @@ class NativeResponsesRenderer:
         response = payload.get("response")
         if isinstance(response, dict):
             response["model"] = self.model_id
-            if name in _ENDS:
-                self._usage = response.get("usage")
+            if name in _ENDS and "usage" in response:  # the last event: the output is whole
+                self._usage = usage = response["usage"]
+                response["usage"] = shown_usage(
+                    usage, self.prompt, self.output_text(), RESPONSES_KEYS
+                )
         if name in _DELTAS:
-            self._output.append(payload.get("delta") or "")
+            self._output.append(text_of(payload.get("delta")))
         return named_event(name, payload)
 
     def finish(self) -> bytes:
@@ -167,5 +183,5 @@ class NativeResponsesRenderer:
     def output_text(self) -> str:
         return "".join(self._output)
 
-    def usage(self) -> dict[str, int] | None:
+    def usage(self) -> dict[str, Any]:
         return responses_tokens(self._usage)

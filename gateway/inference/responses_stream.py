@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.inference.responses_translate import (
+from model_gateway.gateway.inference.responses_translate import (
     ending,
     function_call_item,
     message_item,

@@ -10,8 +10,9 @@ import secrets
 import time
 from typing import Any
 
-from gateway.errors import InvalidRequest
-from gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.usage import token_count
+from model_gateway.pipeline.errors import InvalidRequest
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _SKIPPED_ITEMS = frozenset({"reasoning"})
@@ -132,17 +133,24 @@ def chat_request(request: dict) -> dict:
     return chat
 
 
-def response_usage(usage: dict | None) -> dict | None:
-    """Chat usage as Responses usage."""
-    if not usage:
+def _detail(usage: dict, details: str, name: str) -> int:
+    """A count inside chat usage's details; 0 when the upstream sent none, or no count."""
+    inner = usage.get(details)
+    return (token_count(inner.get(name)) if isinstance(inner, dict) else None) or 0
+
+
+def response_usage(usage: Any) -> dict | None:
+    """Chat usage (its counts already checked, see usage.shown_usage) as Responses usage."""
+    if not usage or not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens") or 0
-    completion = usage.get("completion_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt = token_count(usage.get("prompt_tokens")) or 0
+    completion = token_count(usage.get("completion_tokens")) or 0
+    cached = _detail(usage, "prompt_tokens_details", "cached_tokens")
+    reasoning = _detail(usage, "completion_tokens_details", "reasoning_tokens")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        # OpenAI's schema requires both; a chat upstream reports no cache writes.
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
@@ -191,7 +199,7 @@ def response_object(
     incomplete: dict | None = None,
 ) -> dict:
     """A Response object; `request` is the client's Responses request."""
-    return {
+    response = {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
@@ -213,10 +221,11 @@ def response_object(
         "tools": request.get("tools", []),
         "top_p": request.get("top_p", 1.0),
         "truncation": request.get("truncation", "disabled"),
-        "usage": usage,
-        "user": request.get("user"),
         "metadata": request.get("metadata", {}),
     }
+    # Optional and not nullable in OpenAI's schema: absent rather than null.
+    optional = {"usage": usage, "user": request.get("user")}
+    return response | {name: value for name, value in optional.items() if value is not None}
 
 
 def response_from_chat(completion: dict, request: dict) -> dict:

@@ -1,7 +1,10 @@
 """OpenAI request shapes for Chat Completions and Responses, validated at decode time.
 
 Declared generation parameters pass through to the provider; undeclared fields are
-dropped. Cross-field rules that need a `param` path (image inputs) live in `check()`.
+dropped. Cross-field rules that need a `param` path (image inputs) live in `check()`, and
+so do the shapes of the free-form fields the gateway reads (tools, tool calls, `text`):
+a wrong type anywhere the gateway looks is a 400 with its path, never a 500 later.
+Only `function` tools pass: any other tool runs upstream at a cost no price covers.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from gateway.errors import InvalidRequest
-from gateway.validation import param_path
+from model_gateway.pipeline.errors import InvalidRequest
+from model_gateway.pipeline.validation import param_path
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -50,6 +53,71 @@ class _FunctionCallOutput(msgspec.Struct, kw_only=True):
     output: str | list[_ContentPart]
 
 
+class _ChatFunction(msgspec.Struct, kw_only=True):
+    name: NonEmpty
+    description: str | UnsetType | None = UNSET
+    parameters: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class _ChatTool(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    function: _ChatFunction
+
+
+class _ResponsesTool(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    name: str | UnsetType = UNSET
+    description: str | UnsetType | None = UNSET
+    parameters: dict[str, Any] | UnsetType | None = UNSET
+    strict: bool | UnsetType | None = UNSET
+
+
+class _CalledFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class _ToolCall(msgspec.Struct, kw_only=True):
+    id: str | UnsetType = UNSET
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
+class _ChatNamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class _ChatToolChoice(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    function: _ChatNamedFunction
+
+
+class _ResponsesToolChoice(msgspec.Struct, kw_only=True):
+    type: Literal["function", "auto", "none", "required"]
+    name: str | UnsetType = UNSET
+
+
+class _TextFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | UnsetType = UNSET
+    schema: dict[str, Any] | UnsetType = UNSET
+    strict: bool | UnsetType | None = UNSET
+    description: str | UnsetType = UNSET
+
+
+class _Text(msgspec.Struct, kw_only=True):
+    format: _TextFormat | UnsetType = UNSET
+    verbosity: str | UnsetType | None = UNSET
+
+
+class _Reasoning(msgspec.Struct, kw_only=True):
+    effort: str | UnsetType | None = UNSET
+    summary: str | UnsetType | None = UNSET
+
+
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+
 # Responses input items are free-form JSON; the forms the gateway translates are checked
 # against these shapes, so a wrong type is a 400 with its path, never a 500 later.
 _INPUT_ITEM_SHAPES = {
@@ -70,9 +138,32 @@ def _check_shape(value: Any, shape: type, where: str) -> None:
 
 def _check_parts(parts: list[Any], where: str) -> None:
     for j, part in enumerate(parts):
-        if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+        _check_shape(part, _ContentPart, f"{where}.{j}")  # first: `type` is a string after
+        if part["type"] in IMAGE_PART_TYPES:
             raise InvalidRequest("Image inputs are not supported.", param=f"{where}.{j}")
-        _check_shape(part, _ContentPart, f"{where}.{j}")
+
+
+def _check_tools(tools: list[dict[str, Any]], shape: type) -> None:
+    for k, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise InvalidRequest(
+                "Only function tools are accepted: other tools have an upstream cost "
+                "that no price on this deployment covers.",
+                param=f"tools.{k}.type",
+            )
+        _check_shape(tool, shape, f"tools.{k}")
+
+
+def _check_tool_choice(choice: str | dict[str, Any], shape: type) -> None:
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise InvalidRequest(
+                "tool_choice must be none, auto, required or a function.", param="tool_choice"
+            )
+        return
+    if choice.get("type") not in ("function", "auto", "none", "required"):
+        raise InvalidRequest("Only function tools can be chosen.", param="tool_choice.type")
+    _check_shape(choice, shape, "tool_choice")
 
 
 class _Request(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -90,6 +181,12 @@ class _Request(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def uses_tools(self) -> bool:
         return bool(self.tools) or self.tool_choice not in (UNSET, "none")
+
+    def _check_tool_fields(self, tool: type, choice: type) -> None:
+        if self.tools is not UNSET:
+            _check_tools(self.tools, tool)
+        if self.tool_choice is not UNSET:
+            _check_tool_choice(self.tool_choice, choice)
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -118,6 +215,7 @@ class ChatRequest(_Request):
     reasoning_effort: str | UnsetType = UNSET
 
     def check(self) -> None:
+        self._check_tool_fields(_ChatTool, _ChatToolChoice)
         for i, message in enumerate(self.messages):
             content = message.content
             if content is UNSET and not (message.role == "assistant" and message.tool_calls):
@@ -126,6 +224,8 @@ class ChatRequest(_Request):
                 )
             if isinstance(content, list):
                 _check_parts(content, f"messages.{i}.content")
+            for k, call in enumerate(message.tool_calls or ()):
+                _check_shape(call, _ToolCall, f"messages.{i}.tool_calls.{k}")
 
     @property
     def output_limit(self) -> int | None:
@@ -144,6 +244,11 @@ class ResponsesRequest(_Request):
     truncation: str | UnsetType = UNSET
 
     def check(self) -> None:
+        self._check_tool_fields(_ResponsesTool, _ResponsesToolChoice)
+        if self.text is not UNSET:
+            _check_shape(self.text, _Text, "text")
+        if self.reasoning is not UNSET:
+            _check_shape(self.reasoning, _Reasoning, "reasoning")
         if isinstance(self.input, str):
             return
         for i, item in enumerate(self.input):

@@ -5,10 +5,15 @@ before the first byte is an ordinary JSON error (raised to dispatch). After that
 event is rendered and sent at once; a failure becomes one in-band error event and the
 stream ends. Every wait for the upstream is bounded by the gateway timeout.
 
-Metering reads `ctx.usage`, `ctx.outcome` and `ctx.response_sha256`; they are set in
-the body's `finally`, so before its last message, whether it completed, failed or the
-client went away. Closing the response (done in `EventStreamResponse.__call__`, shielded
-from cancellation) closes the upstream connection at once.
+Metering reads `ctx.billing`. A stream that completes or fails in-band sets it before its
+terminal event ([DONE], `response.completed`, the error event), which goes out as the
+final body message: settle acts on that message, so the charge is committed before the
+client has the stream's end, and a charge that cannot commit cuts the stream before it.
+A client that goes away gets its billing from the body's `finally`. A client that leaves
+once the upstream accepted (answered 200) is billed the prompt and what it was sent,
+as `cancelled`: the upstream has read the whole prompt by then. Closing the response
+(done in `EventStreamResponse.__call__`, shielded from cancellation) closes the upstream
+connection at once.
 
 A client that leaves is noticed by the dispatch stage, which cancels the whole exchange;
 the response itself does not listen (Starlette's listener cost an anyio task group per
@@ -20,14 +25,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
 from starlette.responses import StreamingResponse
 
-from gateway.errors import GatewayError, InternalError, ProviderError, ProviderTimeout
-from gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.usage import billing, cancelled
+from model_gateway.gateway.providers.upstream import Acceptance
+from model_gateway.pipeline.context import Outcome
+from model_gateway.pipeline.errors import (
+    GatewayError,
+    InternalError,
+    ProviderError,
+    ProviderTimeout,
+)
 
 log = logging.getLogger("gateway.inference")
 
@@ -37,13 +50,23 @@ _END: Any = object()
 class Upstream:
     """An upstream event iterator whose every wait is bounded by the gateway timeout."""
 
-    def __init__(self, events: AsyncIterator, timeout_s: float, provider: str) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator,
+        timeout_s: float,
+        provider: str,
+        acceptance: Acceptance,
+        ctx: Any = None,
+    ) -> None:
         self.events = events
         self.timeout_s = timeout_s
         self.provider = provider
+        self.acceptance = acceptance  # marked by the provider when the upstream answers 2xx
+        self.ctx = ctx  # its upstream_seconds adds up the waits (the overhead histogram)
 
     async def next(self) -> Any:
         """The next event, or `_END`; ProviderTimeout when none came in time."""
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await anext(self.events)
@@ -52,6 +75,9 @@ class Upstream:
         except TimeoutError:
             log.warning("provider %s sent nothing for %.1f s", self.provider, self.timeout_s)
             raise ProviderTimeout() from None
+        finally:
+            if self.ctx is not None:
+                self.ctx.upstream_seconds += time.perf_counter() - started
 
     async def aclose(self) -> None:
         await self.events.aclose()
@@ -65,13 +91,28 @@ class Renderer(Protocol):
     def finish(self) -> bytes: ...
     def error(self, error: GatewayError, request_id: str) -> bytes: ...
     def output_text(self) -> str: ...
-    def usage(self) -> dict[str, int] | None: ...
+    def usage(self) -> dict[str, Any]: ...
+
+
+class FinalChunk(bytes):
+    """A stream's last bytes, sent as the final body message (see the module docstring)."""
 
 
 class EventStreamResponse(StreamingResponse):
     """text/event-stream whose upstream is closed the moment the response ends, however."""
 
     media_type = "text/event-stream"
+
+    async def stream_response(self, send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.body_iterator:
+            final = isinstance(chunk, FinalChunk)
+            await send({"type": "http.response.body", "body": bytes(chunk), "more_body": not final})
+            if final:
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def __init__(self, body: AsyncGenerator[bytes], close: Callable[[], Awaitable[None]]) -> None:
         super().__init__(body, headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
@@ -94,6 +135,11 @@ async def open_stream(
         first = await upstream.next()
         if first is _END:
             raise ProviderError("The upstream provider sent an empty stream.")
+    except asyncio.CancelledError:
+        if upstream.acceptance.accepted:
+            ctx.billing = cancelled(prompt)  # the client left between 200 and the first event
+        await upstream.aclose()
+        raise
     except BaseException:
         await upstream.aclose()
         raise
@@ -102,44 +148,51 @@ async def open_stream(
 
 async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str):
     digest = hashlib.sha256()
-    completed = False
+    # Until the stream completes or fails, leaving this generator means the client left
+    # (cancelled at an await, or closed at a yield).
+    outcome: Outcome = "cancelled"
+    metered = False
     try:
-        chunk = renderer.start()
-        event = first
-        while event is not _END:
-            chunk += renderer.feed(event)
-            if chunk:
-                digest.update(chunk)
-                yield chunk
-            chunk = b""
-            event = await upstream.next()
-        chunk = renderer.finish()
-        completed = True
-        if chunk:
-            digest.update(chunk)
-            yield chunk
-    except Exception as exc:
-        if not isinstance(exc, GatewayError):
-            log.exception("unexpected failure in a stream request_id=%s", ctx.request_id)
-            exc = InternalError()
-        chunk = renderer.error(exc, ctx.request_id)
+        try:
+            chunk = renderer.start()
+            event = first
+            while event is not _END:
+                chunk += renderer.feed(event)
+                if chunk:
+                    digest.update(chunk)
+                    yield chunk
+                chunk = b""
+                event = await upstream.next()
+            chunk = renderer.finish()
+            outcome = "succeeded"
+        except Exception as exc:
+            outcome = "failed"
+            if not isinstance(exc, GatewayError):
+                log.exception("unexpected failure in a stream request_id=%s", ctx.request_id)
+                exc = InternalError()
+            else:  # after the first byte: no fallback, but the operator hears of it
+                log.warning(
+                    "provider %s failed mid-stream: %s request_id=%s",
+                    upstream.provider,
+                    getattr(exc, "reason", exc.type),
+                    ctx.request_id,
+                )
+            chunk = renderer.error(exc, ctx.request_id)
         digest.update(chunk)
-        yield chunk
+        _meter(ctx, renderer, prompt, digest, outcome)
+        metered = True
+        yield FinalChunk(chunk)  # settled as it goes out: see the module docstring
     finally:
-        _meter(ctx, renderer, prompt, digest, completed)
+        if not metered:
+            _meter(ctx, renderer, prompt, digest, outcome)
         await upstream.aclose()
 
 
-def _meter(ctx, renderer: Renderer, prompt: str, digest, completed: bool) -> None:
+def _meter(ctx, renderer: Renderer, prompt: str, digest, outcome: Outcome) -> None:
     delivered = renderer.output_text()
-    ctx.usage = renderer.usage() or {
-        "input_tokens": estimate_tokens(prompt),
-        "output_tokens": estimate_tokens(delivered),
-    }
-    ctx.response_sha256 = digest.hexdigest()
-    if completed:
-        ctx.outcome = "succeeded"
-    elif delivered:
-        ctx.outcome = "failed"  # output reached the client before the failure: billed
-    else:
-        ctx.outcome = None
+    if outcome == "failed" and not delivered:
+        return  # an upstream failure before any output: the hold is released in full
+    # failed: output reached the client before the failure, and is billed;
+    # cancelled: the client left, and owes the prompt and what it was sent. Usage that
+    # the upstream reports comes after its output, so it is used whenever it came.
+    ctx.billing = billing(outcome, renderer.usage(), prompt, delivered, digest.hexdigest())

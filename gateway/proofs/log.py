@@ -1,15 +1,23 @@
 """The transparency log integrator: settled receipts into the Merkle tree, off the hot path.
 
 Settle writes a receipt and returns; nothing on the request path touches the log. A
-background task wakes every `interval_s`, takes the oldest unlogged receipts, signs each
-receipt's public fields, extends the tree, signs the new tree head and appends leaves and
-head to storage in one transaction. A proof is served only once that transaction has
-committed, so every served proof leads to a stored, signed head.
+background task wakes every `interval_s`, takes the oldest unlogged receipts, extends the
+tree, signs the new tree head (as JSON and as a C2SP checkpoint) and stores the entries
+(receipt id and leaf index), the tiles that changed and the head in one transaction. A
+proof is served only once that transaction has committed, so every served proof leads to
+a stored, signed head. No receipt is signed on its own any more: a signature costs ~35 µs,
+and the head's signature with the inclusion proof already proves the receipt.
 
-The tree is kept in memory (rebuilt from the stored leaves at start) so that proofs cost
-O(log² n) hashes and no storage reads beyond the leaf itself. Several processes may share
-one database: leaf indexes and tree sizes are primary keys, so an append that raced
-another process fails as a whole, and the loser reloads the leaves it missed and retries.
+Memory is flat: the log keeps only the right edge of the tree (one partial tile a level,
+tiles.TileEdge) and the latest head. Proofs are computed from stored tiles (a few tile
+reads and at most ~500 hashes a level). The public receipt is not stored again: an entry
+is rebuilt from its receipt row and checked against its leaf hash in the level-0 tile.
+Leaves logged before tiles (log_leaves, with their bytes and signatures) are served as
+they were; at the first start after the upgrade their tiles are built once.
+
+Several processes may share one database: leaf indexes and tree sizes are primary keys,
+so an append that raced another process fails as a whole, and the loser reloads the
+right edge of the tree from the stored tiles and retries.
 """
 
 from __future__ import annotations
@@ -17,42 +25,65 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 
 import anyio
 import msgspec
 
-from gateway.money import format_amount
-from gateway.proofs.merkle import MerkleTree, leaf_hash
-from gateway.proofs.receipts import (
+from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.proofs.checkpoint import DEFAULT_ORIGIN, sign_checkpoint
+from model_gateway.gateway.proofs.log_key import SigningKey, verify_signature
+from model_gateway.gateway.proofs.merkle import EMPTY_ROOT, HASH_SIZE, leaf_hash
+from model_gateway.gateway.proofs.receipts import (
+    AnyPublicReceipt,
     ProofDocument,
     PublicReceipt,
+    PublicReceiptV1,
     SignedTreeHead,
     canonical_bytes,
+    decode_receipt,
     format_timestamp,
     proof_document,
-    sign_receipt,
     sign_tree_head,
+    tree_head_message,
 )
-from gateway.proofs.signing import SigningKey
-from storage import ReceiptRecord, Storage
-from storage.base import LogLeaf, TreeHeadRecord
+from model_gateway.gateway.proofs.tiles import (
+    TILE_HEIGHT,
+    TiledTree,
+    TileEdge,
+    edge_tiles,
+    tile_width_at,
+    tiles_needed,
+)
+from model_gateway.storage import ReceiptRecord, Storage
+from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
 
 log = logging.getLogger("gateway.proofs")
 
 INTERVAL_S = 0.25
 BATCH = 256
-# Signing costs about 80 µs a receipt on the event loop: yield between chunks so that a
-# full batch never holds requests up for more than a few milliseconds.
-YIELD_EVERY = 32
+# Building public receipts costs ~10 µs each on the event loop: yield between chunks so
+# that a full batch never holds requests up for more than a few milliseconds.
+YIELD_EVERY = 64
+# Leaves logged before tiles are read this many at a time when their tiles are built.
+BACKFILL_CHUNK = 4096
+# Rebuilding a full entry bundle from receipt rows costs ~9 ms (256 public receipts and
+# their hashes): the last few full bundles, which never change, are kept (~120 KB each).
+FULL_BUNDLES_KEPT = 8
 
 
 class LogCorrupted(Exception):
-    """The stored leaves do not hash to the stored signed tree head."""
+    """The stored tiles, entries or receipts do not match the stored signed tree head."""
 
 
-def public_receipt(record: ReceiptRecord) -> PublicReceipt:
+def public_receipt(record: ReceiptRecord) -> AnyPublicReceipt:
     """The receipt's public fields: what it ran and cost, never prompts, outputs, keys or
-    the project. Validated, so a record that could never verify is caught here."""
+    the project. Validated, so a record that could never verify is caught here.
+
+    Version 2, with salted commitments, for every receipt issued with salts. A receipt
+    written before salts existed (settled by the old code, not yet logged when the
+    gateway was upgraded) has no commitment to publish and no body left to make one
+    from: it is logged as version 1, as the code that issued it would have done."""
     fields = {
         "id": record.id,
         "issued_at": format_timestamp(record.created_at),
@@ -62,8 +93,17 @@ def public_receipt(record: ReceiptRecord) -> PublicReceipt:
         "status": record.status,
         "usage": dict(record.usage),
         "cost": format_amount(record.cost),
-        "request_sha256": record.request_sha256,
-        "response_sha256": record.response_sha256,
+    }
+    if record.request_salt is None:
+        fields |= {
+            "request_sha256": record.request_sha256,
+            "response_sha256": record.response_sha256,
+        }
+        return msgspec.convert(fields, PublicReceiptV1)
+    fields |= {
+        "usage_source": record.usage_source,
+        "request_commitment": record.request_commitment,
+        "response_commitment": record.response_commitment,
     }
     return msgspec.convert(fields, PublicReceipt)
 
@@ -88,18 +128,28 @@ class TransparencyLog:
         storage: Storage,
         key: SigningKey,
         *,
+        origin: str = DEFAULT_ORIGIN,
         interval_s: float = INTERVAL_S,
         batch: int = BATCH,
     ) -> None:
         self.storage = storage
         self.key = key
+        self.origin = origin
         self.interval_s = interval_s
         self.batch = batch
-        self._tree = MerkleTree()
+        self._edge = TileEdge()  # the right edge of the tree at self._head
         self._head: TreeHeadRecord | None = None  # the latest head known to be stored
+        self._checkpoint: str | None = None  # self._head as a signed note
         self._lock = asyncio.Lock()  # one integration or reload at a time
         self._task: asyncio.Task | None = None
         self._skipped: set[str] = set()  # receipts that cannot be made public (logged once)
+        self._bundles: OrderedDict[int, list[bytes]] = OrderedDict()  # full bundles, LRU
+        self._caught_up_at = time.monotonic()  # when the log last held every settled receipt
+
+    @property
+    def integration_lag_s(self) -> float:
+        """Seconds since the log last held every settled receipt (0 while it keeps up)."""
+        return time.monotonic() - self._caught_up_at
 
     @property
     def size(self) -> int:
@@ -139,9 +189,10 @@ class TransparencyLog:
             records = await self.storage.unlogged_receipts(self.batch + len(self._skipped))
             records = [r for r in records if r.id not in self._skipped][: self.batch]
             if not records:
+                self._caught_up_at = time.monotonic()
                 return 0
             await self._catch_up()
-            leaves = []
+            entries, hashes = [], []
             for n, record in enumerate(records, 1):
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -151,82 +202,165 @@ class TransparencyLog:
                     log.error("receipt %s cannot be logged: %s", record.id, exc)
                     self._skipped.add(record.id)
                     continue
-                leaves.append(
-                    LogLeaf(
-                        leaf_index=self._tree.size + len(leaves),
-                        receipt_id=record.id,
-                        public_receipt=canonical_bytes(receipt),
-                        signature=sign_receipt(self.key, receipt),
-                    )
+                entries.append(
+                    LogEntry(leaf_index=self._edge.size + len(entries), receipt_id=record.id)
                 )
-            if not leaves:
+                hashes.append(leaf_hash(canonical_bytes(receipt)))
+            if not entries:
                 return len(records)
-            self._tree.extend(leaf_hash(leaf.public_receipt) for leaf in leaves)
-            signed = sign_tree_head(
-                self.key,
-                self._tree.size,
-                self._tree.root(),
-                format_timestamp(time.time_ns() // 1000),
-            )
-            head = TreeHeadRecord(
-                size=signed.size,
-                root_hash=signed.root_hash,
-                timestamp=signed.timestamp,
-                key_id=signed.key_id,
-                signature=signed.signature,
-            )
             try:
-                await self.storage.append_log(leaves, head)
+                changed = self._edge.append(hashes)
+                head = self._sign_head(self._edge.size, self._edge.root())
+                await self.storage.append_log_tiles(entries, _tile_list(changed), head)
             except BaseException:
-                # Another process appended first, or storage failed: the in-memory tree is
+                # Another process appended first, or storage failed: the edge in memory is
                 # ahead of storage. Start again from what is stored.
                 await self._reload()
                 raise
-            self._head = head
+            self._set_head(head)
             return len(records)
 
+    def _sign_head(self, size: int, root: bytes) -> TreeHeadRecord:
+        signed = sign_tree_head(self.key, size, root, format_timestamp(time.time_ns() // 1000))
+        return TreeHeadRecord(
+            size=signed.size,
+            root_hash=signed.root_hash,
+            timestamp=signed.timestamp,
+            key_id=signed.key_id,
+            signature=signed.signature,
+        )
+
+    def _set_head(self, head: TreeHeadRecord) -> None:
+        self._head = head
+        self._checkpoint = sign_checkpoint(
+            self.key, self.origin, head.size, bytes.fromhex(head.root_hash)
+        )
+
     async def _reload(self) -> None:
-        self._tree = MerkleTree()
+        self._edge = TileEdge()
         self._head = None
+        self._checkpoint = None
         await self._catch_up()
 
     async def _catch_up(self) -> None:
-        """Take in leaves and the head that another process (or an earlier run) stored."""
+        """Take in the head (and the right edge) another process or an earlier run stored."""
         head = await self.storage.tree_head()
         if head is None or (self._head is not None and head.size <= self._head.size):
             return
-        leaves = await self.storage.log_leaves(self._tree.size)
-        tree_size = self._tree.size
-        self._tree.extend(leaf_hash(leaf.public_receipt) for leaf in leaves)
-        # A head is read before its leaves, so the stored leaves cover it.
-        if self._tree.size < head.size or self._tree.root(head.size).hex() != head.root_hash:
-            self._tree = MerkleTree()
-            self._head = None
+        # A head is stored with its tiles, so the stored tiles cover it.
+        edge = await self._edge_at(head.size)
+        if edge.root().hex() != head.root_hash:
             raise LogCorrupted(
-                f"stored log leaves do not match the signed tree head of size {head.size}"
-                f" (had {tree_size} leaves in memory)"
+                f"the stored tiles do not hash to the signed tree head of size {head.size}"
             )
-        self._head = head
+        # The checkpoint restates the head under our signature: sign only what we signed.
+        if not verify_signature(
+            self.key.public_key,
+            bytes.fromhex(head.signature),
+            tree_head_message(_head_struct(head)),
+        ):
+            raise LogCorrupted(f"the tree head of size {head.size} is not signed by the log key")
+        self._edge = edge
+        self._set_head(head)
 
-    async def proof(self, receipt_id: str) -> ProofDocument | None:
+    async def _edge_at(self, size: int) -> TileEdge:
+        keys = [(level, index) for level, index, _ in edge_tiles(size)]
+        try:
+            return TileEdge(size, await self.storage.log_tiles(keys))
+        except KeyError:
+            pass
+        # No tiles for this head: a log written before tiles. Build them from its leaves.
+        await self._build_legacy_tiles(size)
+        try:
+            return TileEdge(size, await self.storage.log_tiles(keys))
+        except KeyError:
+            raise LogCorrupted(
+                f"no stored tiles cover the signed tree head of size {size}"
+            ) from None
+
+    async def _build_legacy_tiles(self, size: int) -> None:
+        """Tiles for the `size` leaves logged before tiles, from their stored bytes. Full
+        tiles are written chunk by chunk (rewriting the same bytes is allowed, so an
+        interrupted run just starts over); the partial ones last, once each."""
+        edge, start, full_size = TileEdge(), 0, (1 << TILE_HEIGHT) * HASH_SIZE
+        while start < size:
+            leaves = await self.storage.log_leaves(start, min(BACKFILL_CHUNK, size - start))
+            indexes = [leaf.leaf_index for leaf in leaves]
+            if not leaves or indexes != list(range(start, start + len(leaves))):
+                raise LogCorrupted(f"the log has no leaf {start} below its signed size {size}")
+            changed = edge.append(leaf_hash(leaf.public_receipt) for leaf in leaves)
+            start += len(leaves)
+            full = {k: v for k, v in changed.items() if len(v) == full_size}
+            # The partial tiles of the whole edge at the end: a level the last chunk did
+            # not reach still has its partial tile to store.
+            await self.storage.append_log_tiles(
+                [], _tile_list(full | (edge.tiles() if start == size else {})), None
+            )
+        log.info("built the tiles of %d leaves logged before tiles", size)
+
+    async def latest(self) -> tuple[TreeHeadRecord | None, str | None]:
+        """The latest stored head and its checkpoint (catching up with other processes)."""
+        stored = await self.storage.tree_head()
+        if stored is not None and stored.size > self.size:
+            async with self._lock:
+                await self._catch_up()
+        return self._head, self._checkpoint
+
+    async def checkpoint(self) -> str:
+        """The latest checkpoint; an empty log's is signed for size 0 (the empty root)."""
+        _, note = await self.latest()
+        if note is None:
+            return sign_checkpoint(self.key, self.origin, 0, EMPTY_ROOT)
+        return note
+
+    async def _tree(self, size: int, compute, *extra) -> tuple[TiledTree, object]:
+        """Run `compute(tree)` over the stored tiles of the tree of `size` (and fetch the
+        `extra` tile keys with them)."""
+        keys = tiles_needed(size, compute) | set(extra)
+        tree = TiledTree(size, await self.storage.log_tiles(sorted(keys)))
+        try:
+            return tree, compute(tree)
+        except KeyError as missing:
+            raise LogCorrupted(f"tile {missing} is missing for a tree of size {size}") from None
+
+    async def proof(self, receipt_id: str) -> ProofDocument[AnyPublicReceipt] | None:
         """The receipt's proof against the latest signed head; None when no receipt has
         this id; raises Pending when it exists but is not integrated yet."""
-        leaf = await self.storage.log_leaf(receipt_id)
-        if leaf is None:
-            if await self.storage.get_receipt(receipt_id) is None:
-                return None
-            raise Pending(receipt_id)
-        if self._head is None or leaf.leaf_index >= self._head.size:
+        signature = None
+        index = await self.storage.log_entry_index(receipt_id)
+        if index is not None:
+            record = await self.storage.get_receipt(receipt_id)
+            if record is None:
+                raise LogCorrupted(f"leaf {index} names a receipt that does not exist")
+            receipt: AnyPublicReceipt = public_receipt(record)
+        else:
+            leaf = await self.storage.log_leaf(receipt_id)  # logged before tiles
+            if leaf is None:
+                if await self.storage.get_receipt(receipt_id) is None:
+                    return None
+                raise Pending(receipt_id)
+            index, signature = leaf.leaf_index, leaf.signature
+            receipt = decode_receipt(leaf.public_receipt)  # the version it was logged as
+        if self._head is None or index >= self._head.size:
             async with self._lock:  # integrated by another process since our last look
                 await self._catch_up()
-        head = self._head
+        head, checkpoint = self._head, self._checkpoint
+        assert head is not None
+        leaf_tile = (0, index >> TILE_HEIGHT)
+        tree, path = await self._tree(head.size, lambda t: t.inclusion_proof(index), leaf_tile)
+        offset = (index % (1 << TILE_HEIGHT)) * HASH_SIZE
+        if tree.tiles[leaf_tile][offset : offset + HASH_SIZE] != leaf_hash(
+            canonical_bytes(receipt)
+        ):
+            raise LogCorrupted(f"receipt {receipt_id} no longer matches its leaf {index}")
         return proof_document(
-            receipt=msgspec.json.decode(leaf.public_receipt, type=PublicReceipt),
-            receipt_signature=leaf.signature,
+            receipt=receipt,
+            receipt_signature=signature,
             public_key=self.key.public_key,
-            leaf_index=leaf.leaf_index,
-            inclusion_proof=self._tree.inclusion_proof(leaf.leaf_index, head.size),
+            leaf_index=index,
+            inclusion_proof=path,
             tree_head=_head_struct(head),
+            checkpoint=checkpoint,
         )
 
     async def consistency(
@@ -240,8 +374,54 @@ class TransparencyLog:
             if head is None:
                 raise KeyError(name)
             heads[name] = head
-        if second > self._tree.size:
-            async with self._lock:
-                await self._catch_up()
-        proof = self._tree.consistency_proof(first, second)
+        # A stored head's tiles are stored with it: no need to catch up first.
+        _, proof = await self._tree(second, lambda t: t.consistency_proof(first))
         return _head_struct(heads["first"]), _head_struct(heads["second"]), proof
+
+    async def tile(self, level: int, index: int, width: int) -> bytes | None:
+        """The first `width` hashes of tile (level, index), if a signed head covers them."""
+        if tile_width_at(self.size, level, index) < width:
+            await self.latest()
+            if tile_width_at(self.size, level, index) < width:
+                return None
+        tile = (await self.storage.log_tiles([(level, index)])).get((level, index), b"")
+        if len(tile) < width * HASH_SIZE:
+            raise LogCorrupted(f"tile {(level, index)} is shorter than its signed tree head")
+        return tile[: width * HASH_SIZE]
+
+    async def entries(self, index: int, width: int) -> list[bytes] | None:
+        """The public receipts of leaves [index * 256, index * 256 + width), as logged, if
+        a signed head covers them; each checked against its leaf hash."""
+        full = width == 1 << TILE_HEIGHT
+        if full and index in self._bundles:
+            self._bundles.move_to_end(index)
+            return self._bundles[index]
+        hashes = await self.tile(0, index, width)
+        if hashes is None:
+            return None
+        start = index << TILE_HEIGHT
+        found = {
+            leaf.leaf_index: leaf.public_receipt
+            for leaf in await self.storage.log_leaves(start, width)
+        }
+        for n, (at, record) in enumerate(
+            await self.storage.log_entry_receipts(start, start + width), 1
+        ):
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # ~10 µs a receipt: never hold the loop for the bundle
+            found[at] = canonical_bytes(public_receipt(record))
+        bundle = []
+        for i in range(width):
+            entry = found.get(start + i)
+            if entry is None or leaf_hash(entry) != hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]:
+                raise LogCorrupted(f"entry {start + i} is missing or does not match its leaf hash")
+            bundle.append(entry)
+        if full:
+            self._bundles[index] = bundle
+            while len(self._bundles) > FULL_BUNDLES_KEPT:
+                self._bundles.popitem(last=False)
+        return bundle
+
+
+def _tile_list(tiles: dict[tuple[int, int], bytes]) -> list[LogTile]:
+    return [LogTile(level=level, index=index, hashes=h) for (level, index), h in tiles.items()]

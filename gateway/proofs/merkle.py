@@ -51,34 +51,22 @@ class _Level:
         return bytes(self._buffer[-2 * HASH_SIZE : -HASH_SIZE]), bytes(self._buffer[-HASH_SIZE:])
 
 
-class MerkleTree:
-    """An append-only tree over leaf hashes that also answers for every earlier size.
+class RangeHashes:
+    """The RFC 9162 recursions (MTH, PATH, SUBPROOF) over any store of perfect subtrees.
 
-    `_levels[h][i]` caches the perfect subtree of 2**h leaves that starts at leaf i * 2**h.
-    Every subtree the RFC recursion visits is either one of those or a right edge made of
-    O(log n) of them, so after an O(n) build a root or proof costs O(log² n) hashes.
+    Every subtree the recursion visits is either perfect (2**h leaves at an offset aligned
+    to its size) or a right edge made of O(log n) perfect ones, so a subclass only says how
+    to find the hash of a perfect subtree: `perfect(height, index)` for leaves
+    [index * 2**height, (index + 1) * 2**height). MerkleTree keeps every level in memory;
+    tiles.TiledTree reads them from stored tiles.
     """
-
-    def __init__(self, leaf_hashes: Iterable[bytes] = ()) -> None:
-        self._levels: list[_Level] = [_Level()]
-        self.extend(leaf_hashes)
 
     @property
     def size(self) -> int:
-        return len(self._levels[0])
+        raise NotImplementedError
 
-    def extend(self, leaf_hashes: Iterable[bytes]) -> None:
-        for leaf in leaf_hashes:
-            if len(leaf) != HASH_SIZE:
-                raise ValueError("a leaf hash is 32 bytes")
-            self._levels[0].append(leaf)
-            height = 0
-            # An even count at a level means its last two subtrees just completed a parent.
-            while len(self._levels[height]) % 2 == 0:
-                if height + 1 == len(self._levels):
-                    self._levels.append(_Level())
-                self._levels[height + 1].append(node_hash(*self._levels[height].last_pair()))
-                height += 1
+    def perfect(self, height: int, index: int) -> bytes:
+        raise NotImplementedError
 
     def root(self, size: int | None = None) -> bytes:
         """MTH of the first `size` leaves (default: all of them)."""
@@ -115,7 +103,7 @@ class MerkleTree:
         height = n.bit_length() - 1
         if n == 1 << height:
             # The recursion reaches a perfect subtree only at an offset aligned to its size.
-            return self._levels[height][lo >> height]
+            return self.perfect(height, lo >> height)
         mid = lo + _split(n)
         return node_hash(self._hash(lo, mid), self._hash(mid, hi))
 
@@ -136,6 +124,39 @@ class MerkleTree:
         if old_end <= mid:
             return [*self._subproof(old_end, lo, mid, known), self._hash(mid, hi)]
         return [*self._subproof(old_end, mid, hi, False), self._hash(lo, mid)]
+
+
+class MerkleTree(RangeHashes):
+    """An append-only tree over leaf hashes, every level in memory (~66 bytes a leaf):
+    the reference the tiled log is tested against, and a verifier's scratch tree.
+
+    `_levels[h][i]` caches the perfect subtree of 2**h leaves that starts at leaf i * 2**h,
+    so after an O(n) build a root or proof costs O(log² n) hashes.
+    """
+
+    def __init__(self, leaf_hashes: Iterable[bytes] = ()) -> None:
+        self._levels: list[_Level] = [_Level()]
+        self.extend(leaf_hashes)
+
+    @property
+    def size(self) -> int:
+        return len(self._levels[0])
+
+    def perfect(self, height: int, index: int) -> bytes:
+        return self._levels[height][index]
+
+    def extend(self, leaf_hashes: Iterable[bytes]) -> None:
+        for leaf in leaf_hashes:
+            if len(leaf) != HASH_SIZE:
+                raise ValueError("a leaf hash is 32 bytes")
+            self._levels[0].append(leaf)
+            height = 0
+            # An even count at a level means its last two subtrees just completed a parent.
+            while len(self._levels[height]) % 2 == 0:
+                if height + 1 == len(self._levels):
+                    self._levels.append(_Level())
+                self._levels[height + 1].append(node_hash(*self._levels[height].last_pair()))
+                height += 1
 
 
 def root(leaf_hashes: Sequence[bytes]) -> bytes:

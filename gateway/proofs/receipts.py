@@ -8,18 +8,24 @@ signatures lowercase hex.
 
 A signature covers a context line followed by the canonical JSON, so a signature made for
 one kind of message can never be replayed as another.
+
+Versions: leaves already in the log never change, so every version ever logged stays
+readable. Version 1 (no "v" field) published plain SHA-256 digests of the bodies; version
+2 ("v": 2) publishes salted commitments instead (see commitments.py), `usage_source`, and
+allows the `cancelled` status. A receipt's version is its own "v" field, never a guess:
+the strict structs refuse a v1 leaf with a "v" and a v2 leaf without one.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 import orjson
 
-from gateway.proofs.merkle import leaf_hash
-from gateway.proofs.signing import SigningKey, key_id
+from model_gateway.gateway.proofs.log_key import SigningKey, key_id
+from model_gateway.gateway.proofs.merkle import leaf_hash
 
 RECEIPT_CONTEXT = b"model-gateway receipt v1\n"
 TREE_HEAD_CONTEXT = b"model-gateway tree head v1\n"
@@ -50,7 +56,9 @@ def format_timestamp(unix_micros: int) -> str:
 
 # Strict structs: a field added to a signed object must fail verification, never be shown
 # beside the signed fields as if it were one of them.
-class PublicReceipt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PublicReceiptV1(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Leaves logged before salted commitments: plain digests of the bodies."""
+
     id: ReceiptId
     issued_at: Timestamp
     kind: Literal["inference", "sandbox"]
@@ -63,6 +71,45 @@ class PublicReceipt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     response_sha256: Sha256Hex
 
 
+class PublicReceipt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The current public receipt, version 2: what every new leaf holds."""
+
+    v: Literal[2] = 2  # encoded even though it is the default: it names the version
+    id: ReceiptId
+    issued_at: Timestamp
+    kind: Literal["inference", "sandbox"]
+    endpoint: str
+    model_or_runtime: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    usage: dict[str, Count]
+    usage_source: Literal["provider", "gateway"]  # who counted the usage
+    cost: Cost
+    request_commitment: Sha256Hex
+    response_commitment: Sha256Hex
+
+
+AnyPublicReceipt = PublicReceiptV1 | PublicReceipt
+
+
+def receipt_from_builtins(value: object) -> AnyPublicReceipt:
+    """The public receipt of whichever version `value` (decoded JSON) says it is.
+    Raises msgspec.ValidationError for anything else, an unknown version included."""
+    if not isinstance(value, dict):
+        raise msgspec.ValidationError("a public receipt must be a JSON object")
+    if "v" not in value:
+        return msgspec.convert(value, PublicReceiptV1)
+    version = value["v"]
+    # type() and not ==: True == 1 and 2.0 == 2 in Python, and neither is a version.
+    if type(version) is not int or version != 2:
+        raise msgspec.ValidationError(f"unknown public receipt version {version!r}")
+    return msgspec.convert(value, PublicReceipt)
+
+
+def decode_receipt(leaf: bytes) -> AnyPublicReceipt:
+    """A stored leaf's public receipt."""
+    return receipt_from_builtins(msgspec.json.decode(leaf))
+
+
 class SignedTreeHead(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     size: Count
     root_hash: Sha256Hex
@@ -71,34 +118,44 @@ class SignedTreeHead(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     signature: SignatureHex
 
 
-class ProofDocument(msgspec.Struct, frozen=True, kw_only=True):
-    receipt: PublicReceipt
-    receipt_signature: SignatureHex
+R = TypeVar("R")
+
+
+# Generic in the receipt: a document is read with the receipt left as decoded JSON, which
+# receipt_from_builtins then types by its version (msgspec cannot tell two untagged
+# structs apart in a union).
+class ProofDocument(msgspec.Struct, Generic[R], frozen=True, kw_only=True, omit_defaults=True):
+    receipt: R
+    # Only leaves logged before tiles carry a signature of their own; the signed tree
+    # head and the inclusion proof are what prove a receipt (absent: not encoded).
+    receipt_signature: SignatureHex | None = None
     key_id: KeyId
     public_key: PublicKeyHex
     leaf_index: Count
     inclusion_proof: list[Sha256Hex]
     tree_head: SignedTreeHead
+    # The same head as a C2SP checkpoint (signed note), the form monitors and witnesses read.
+    checkpoint: str | None = None
 
 
 def _canonical(value: object) -> bytes:
     return orjson.dumps(msgspec.to_builtins(value), option=orjson.OPT_SORT_KEYS)
 
 
-def canonical_bytes(receipt: PublicReceipt) -> bytes:
+def canonical_bytes(receipt: AnyPublicReceipt) -> bytes:
     return _canonical(receipt)
 
 
-def receipt_leaf_hash(receipt: PublicReceipt) -> bytes:
+def receipt_leaf_hash(receipt: AnyPublicReceipt) -> bytes:
     """The receipt's entry in the log: the RFC 9162 leaf hash of its canonical bytes."""
     return leaf_hash(canonical_bytes(receipt))
 
 
-def receipt_message(receipt: PublicReceipt) -> bytes:
+def receipt_message(receipt: AnyPublicReceipt) -> bytes:
     return RECEIPT_CONTEXT + canonical_bytes(receipt)
 
 
-def sign_receipt(key: SigningKey, receipt: PublicReceipt) -> str:
+def sign_receipt(key: SigningKey, receipt: AnyPublicReceipt) -> str:
     return key.sign(receipt_message(receipt)).hex()
 
 
@@ -120,13 +177,14 @@ def sign_tree_head(key: SigningKey, size: int, root_hash: bytes, timestamp: str)
 
 def proof_document(
     *,
-    receipt: PublicReceipt,
-    receipt_signature: str,
+    receipt: AnyPublicReceipt,
+    receipt_signature: str | None,
     public_key: bytes,
     leaf_index: int,
     inclusion_proof: list[bytes],
     tree_head: SignedTreeHead,
-) -> ProofDocument:
+    checkpoint: str | None = None,
+) -> ProofDocument[AnyPublicReceipt]:
     """What GET /api/proofs/{receipt_id} serves (encode with msgspec.json.encode)."""
     return ProofDocument(
         receipt=receipt,
@@ -136,4 +194,16 @@ def proof_document(
         leaf_index=leaf_index,
         inclusion_proof=[h.hex() for h in inclusion_proof],
         tree_head=tree_head,
+        checkpoint=checkpoint,
     )
+
+
+def parse_proof_document(doc: object) -> ProofDocument[AnyPublicReceipt]:
+    """A proof document from decoded JSON, its receipt typed by its version. Raises
+    msgspec.ValidationError naming what is malformed."""
+    wire = msgspec.convert(doc, ProofDocument[dict[str, Any]])
+    try:
+        receipt = receipt_from_builtins(wire.receipt)
+    except msgspec.ValidationError as exc:
+        raise msgspec.ValidationError(f"in `$.receipt`: {exc}") from None
+    return msgspec.structs.replace(wire, receipt=receipt)

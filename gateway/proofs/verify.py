@@ -1,5 +1,8 @@
 """Offline verification of a proof document, for `gateway verify FILE_OR_URL`.
 
+Every public receipt version the gateway ever logged verifies the same way: the signature
+and the leaf cover the receipt's canonical bytes, whatever fields its version has.
+
 Without a trusted public key, a valid result shows only that the document is internally
 consistent: whoever made it holds the key it names. Pass the key the deployment publishes
 at GET /api/proofs/keys to also show that it was this deployment.
@@ -14,14 +17,15 @@ from pathlib import Path
 import msgspec
 import orjson
 
-from gateway.proofs.merkle import verify_inclusion
-from gateway.proofs.receipts import (
-    ProofDocument,
+from model_gateway.gateway.proofs.checkpoint import open_checkpoint
+from model_gateway.gateway.proofs.log_key import key_id, verify_signature
+from model_gateway.gateway.proofs.merkle import verify_inclusion
+from model_gateway.gateway.proofs.receipts import (
+    parse_proof_document,
     receipt_leaf_hash,
     receipt_message,
     tree_head_message,
 )
-from gateway.proofs.signing import key_id, verify_signature
 
 FETCH_TIMEOUT_SECONDS = 10
 MAX_DOCUMENT_BYTES = 1 << 20
@@ -44,7 +48,7 @@ class VerifyResult(msgspec.Struct, kw_only=True):
 
 def verify_proof_document(doc: object, trusted_public_key: bytes | None = None) -> VerifyResult:
     try:
-        proof = msgspec.convert(doc, ProofDocument)
+        proof = parse_proof_document(doc)  # either receipt version, by its "v"
     except msgspec.ValidationError as exc:
         return VerifyResult(ok=False, reasons=[f"malformed proof document: {exc}"])
     public_key = bytes.fromhex(proof.public_key)
@@ -58,7 +62,10 @@ def verify_proof_document(doc: object, trusted_public_key: bytes | None = None) 
         (key_id(public_key) == proof.key_id, "key_id does not match public_key"),
         (head.key_id == proof.key_id, "the tree head names a different key_id"),
         (
-            verify_signature(
+            # Leaves logged before tiles were signed one by one; newer ones are proven by
+            # the signed head alone (the inclusion proof ties the receipt to it).
+            proof.receipt_signature is None
+            or verify_signature(
                 public_key, bytes.fromhex(proof.receipt_signature), receipt_message(proof.receipt)
             ),
             "the receipt signature is invalid",
@@ -78,6 +85,16 @@ def verify_proof_document(doc: object, trusted_public_key: bytes | None = None) 
             "the inclusion proof does not lead from the receipt to the tree head root",
         ),
     ]
+    if proof.checkpoint is not None:
+        checkpoint = open_checkpoint(proof.checkpoint, public_key)
+        checks.append((checkpoint is not None, "the checkpoint signature is invalid"))
+        checks.append(
+            (
+                checkpoint is None
+                or (checkpoint.size, checkpoint.root_hash.hex()) == (head.size, head.root_hash),
+                "the checkpoint is not the tree head's size and root",
+            )
+        )
     reasons = [reason for passed, reason in checks if not passed]
     return VerifyResult(
         ok=not reasons,

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import orjson
 
-from gateway.proofs.verify import DocumentError, load_document, verify_proof_document
+from model_gateway.gateway.proofs.verify import DocumentError, load_document, verify_proof_document
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNCHECKED = 0, 1, 2
 PENDING_WAIT_S = 5.0

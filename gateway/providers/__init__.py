@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.config import Config, ProviderConfig
-from gateway.providers.anthropic import AnthropicProvider
-from gateway.providers.base import Provider, ResponsesUnsupported
-from gateway.providers.echo import EchoProvider
-from gateway.providers.openai import OpenAIProvider
+from model_gateway.gateway.config import Config, ProviderConfig
+from model_gateway.gateway.providers.anthropic import AnthropicProvider
+from model_gateway.gateway.providers.echo import EchoProvider
+from model_gateway.gateway.providers.openai import OpenAIProvider
+from model_gateway.gateway.providers.upstream import Provider, ResponsesUnsupported
+from model_gateway.gateway.routing.breaker import Breakers
 
 KINDS: dict[str, type[Provider]] = {
     "echo": EchoProvider,
@@ -26,6 +27,10 @@ class Providers:
 
     def __init__(self, config: Config) -> None:
         self._by_name = {name: build_provider(name, cfg) for name, cfg in config.providers.items()}
+        routing = config.routing
+        self.breakers = Breakers(
+            self._by_name, routing.breaker_failures, routing.breaker_cooldown_s
+        )
 
     def __getitem__(self, name: str) -> Provider:
         return self._by_name[name]

@@ -8,9 +8,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from gateway.config import ProviderConfig
-from gateway.providers.anthropic_messages import ChunkTranslator, chat_completion, messages_request
-from gateway.providers.base import HttpProvider, parse_json, reported_error, stream_ended_early
+from model_gateway.gateway.config import ProviderConfig
+from model_gateway.gateway.providers.anthropic_messages import (
+    ChunkTranslator,
+    chat_completion,
+    messages_request,
+)
+from model_gateway.gateway.providers.shapes import MessagesAnswer, MessagesEvent, checked
+from model_gateway.gateway.providers.upstream import (
+    Acceptance,
+    HttpProvider,
+    parse_json,
+    reported_error,
+    stream_ended_early,
+)
 
 API_VERSION = "2023-06-01"
 
@@ -30,16 +41,17 @@ class AnthropicProvider(HttpProvider):
             headers["x-api-key"] = credential
         return headers
 
-    async def chat(self, request: dict) -> dict:
-        message = await self.post_json(self.path, messages_request(request))
-        return chat_completion(message, request["model"])
+    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+        message = await self.post_json(self.path, messages_request(request), acceptance)
+        return chat_completion(checked(self.name, message, MessagesAnswer), request["model"])
 
-    async def chat_stream(self, request: dict) -> AsyncIterator[dict]:
+    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
         body = {**messages_request(request), "stream": True}
         translator = ChunkTranslator(request["model"])
-        async with contextlib.aclosing(self.post_events(self.path, body)) as events:
+        events = self.post_events(self.path, body, acceptance)
+        async with contextlib.aclosing(events):
             async for event in events:
-                payload = parse_json(self.name, event.data)
+                payload = checked(self.name, parse_json(self.name, event.data), MessagesEvent)
                 if payload.get("type") == "error":
                     raise reported_error(self.name)
                 for chunk in translator.feed(payload):

@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequest
-from gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.usage import token_count
+from model_gateway.pipeline.errors import InvalidRequest
 
 STOP_REASONS = {
     "end_turn": "stop",
@@ -141,15 +142,31 @@ def messages_request(request: dict) -> dict:
     return body
 
 
-def chat_usage(usage: dict) -> dict:
-    cached = usage.get("cache_read_input_tokens") or 0
-    prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
-    prompt += cached
-    completion = usage.get("output_tokens") or 0
+def _sum_of_counts(usage: dict, required: str, *optional: str) -> int | None:
+    """The sum of counts, or None when one is not a count (the gateway then counts).
+    The API sends null for the optional ones (cache counts) when it has none."""
+    values = [usage.get(required)]
+    values += [usage.get(name) if usage.get(name) is not None else 0 for name in optional]
+    counts = [token_count(value) for value in values]
+    if any(count is None for count in counts):
+        return None
+    return sum(count for count in counts if count is not None)
+
+
+def chat_usage(usage: Any) -> dict:
+    """Messages usage as chat usage; a count the upstream broke stays None, never a guess."""
+    if not isinstance(usage, dict):
+        usage = {}
+    cached = token_count(usage.get("cache_read_input_tokens", 0)) or 0
+    prompt = _sum_of_counts(
+        usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"
+    )
+    completion = _sum_of_counts(usage, "output_tokens")
+    total = None if prompt is None or completion is None else prompt + completion
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "total_tokens": total,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
 
@@ -190,7 +207,7 @@ def chat_completion(message: dict, model: str) -> dict:
                 "logprobs": None,
             }
         ],
-        "usage": chat_usage(message.get("usage") or {}),
+        "usage": chat_usage(message.get("usage")),
     }
 
 
@@ -203,7 +220,7 @@ class ChunkTranslator:
         self.created = int(time.time())
         self.tool_calls: dict[int, int] = {}  # content block index -> tool call index
         self.finish_reason = "stop"
-        self.usage: dict[str, int] = {}
+        self.usage: dict[str, Any] = {}  # as reported: chat_usage checks the counts
         self.done = False
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
@@ -217,8 +234,11 @@ class ChunkTranslator:
             ],
         }
 
-    def _count(self, usage: dict | None) -> None:
-        self.usage.update({k: v for k, v in (usage or {}).items() if isinstance(v, int)})
+    def _count(self, usage: Any) -> None:
+        # Later events repeat the counts they change; null is "not reported here", while
+        # any other value, even no count, is kept for chat_usage to judge.
+        if isinstance(usage, dict):
+            self.usage.update({key: value for key, value in usage.items() if value is not None})
 
     def feed(self, event: dict) -> list[dict]:
         kind = event.get("type")

@@ -4,6 +4,11 @@ Needs nothing, counts tokens with the gateway's estimate, honours the output lim
 (finish_reason "length"), streams word by word, and calls a tool when the request
 forces one (tool_choice "required" or a named function), so that every path of the
 gateway can be exercised on a fresh install.
+
+It also plays a hosted agent's model (decisions.md, "Hosted agents"): offered the
+`run_code` tool, it calls it for the first fenced code block whose info string is a
+runtime (```python) in the last user or tool message, so a run with a sandbox step
+works without any provider credentials. Requests without that tool are unaffected.
 """
 
 from __future__ import annotations
@@ -16,10 +21,38 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from gateway.inference.tokens import chat_prompt_text, content_text, estimate_tokens
-from gateway.providers.base import Provider
+from model_gateway.gateway.agents.run_code import RUN_CODE, RUNTIMES
+from model_gateway.gateway.inference.tokens import chat_prompt_text, content_text, estimate_tokens
+from model_gateway.gateway.providers.upstream import Acceptance, Provider
 
 _PIECES = re.compile(r"\S+\s*|\s+")
+
+_FENCED = re.compile(rf"```({'|'.join(RUNTIMES)})[ \t]*\r?\n(.*?)```", re.DOTALL)
+
+
+def _offers_run_code(request: dict) -> bool:
+    if request.get("tool_choice") == "none":
+        return False
+    return any(
+        isinstance(tool, dict) and (tool.get("function") or {}).get("name") == RUN_CODE
+        for tool in request.get("tools") or ()
+    )
+
+
+def _tool_call(name: str, arguments: dict) -> dict:
+    return {
+        "id": "call_" + secrets.token_hex(8),
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
+def _run_code_call(text: str) -> dict | None:
+    """A run_code call for the first fenced block of a runtime in `text`, or None."""
+    block = _FENCED.search(text)
+    if block is None:
+        return None
+    return _tool_call(RUN_CODE, {"runtime": block.group(1), "code": block.group(2)})
 
 
 class _Reply:
@@ -30,19 +63,18 @@ class _Reply:
         self.tool_call: dict | None = None
         self.finish_reason = "stop"
         forced = request.get("tool_choice")
+        if _offers_run_code(request):
+            self.tool_call = _run_code_call(text)
         if (
-            request.get("tools")
+            self.tool_call is None
+            and request.get("tools")
             and asked.get("role") != "tool"
             and forced not in (None, "auto", "none")
         ):
             name = (forced.get("function") or {}).get("name") if isinstance(forced, dict) else None
             name = name or (request["tools"][0].get("function") or {}).get("name") or "tool"
-            arguments = orjson.dumps({"text": text}).decode()
-            self.tool_call = {
-                "id": "call_" + secrets.token_hex(8),
-                "type": "function",
-                "function": {"name": name, "arguments": arguments},
-            }
+            self.tool_call = _tool_call(name, {"text": text})
+        if self.tool_call:
             self.finish_reason, text = "tool_calls", ""
         limit = request.get("max_completion_tokens") or request.get("max_tokens")
         if limit and estimate_tokens(text) > limit:
@@ -67,7 +99,10 @@ class _Reply:
 class EchoProvider(Provider):
     kind = "echo"
 
-    async def chat(self, request: dict) -> dict:
+    # In process: the request is accepted as soon as it is asked.
+
+    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+        acceptance.accept()
         reply = _Reply(request)
         message: dict = {"role": "assistant", "content": reply.text, "refusal": None}
         if reply.tool_call:
@@ -89,7 +124,8 @@ class EchoProvider(Provider):
             "usage": reply.usage,
         }
 
-    async def chat_stream(self, request: dict) -> AsyncIterator[dict]:
+    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+        acceptance.accept()
         reply = _Reply(request)
 
         def chunk(delta: dict, finish_reason: str | None = None) -> dict:

@@ -11,7 +11,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from gateway.providers.base import HttpProvider, parse_json, reported_error, stream_ended_early
+from model_gateway.gateway.providers.shapes import (
+    ChatAnswer,
+    ResponsesAnswer,
+    ResponsesEvent,
+    checked,
+)
+from model_gateway.gateway.providers.upstream import (
+    Acceptance,
+    HttpProvider,
+    parse_json,
+    reported_error,
+    stream_ended_early,
+)
 
 _RESPONSES_END = frozenset({"response.completed", "response.incomplete"})
 _RESPONSES_FAILED = frozenset({"response.failed", "error"})
@@ -25,21 +37,23 @@ class OpenAIProvider(HttpProvider):
         credential = self.config.credential()
         return {"authorization": f"Bearer {credential}"} if credential else {}
 
-    async def chat(self, request: dict) -> dict:
-        return await self.post_json("/chat/completions", request)
+    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+        answer = await self.post_json("/chat/completions", request, acceptance)
+        return checked(self.name, answer, ChatAnswer)
 
-    async def chat_stream(self, request: dict) -> AsyncIterator[dict]:
+    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
         done = finished = False
-        async with contextlib.aclosing(self.post_events("/chat/completions", body)) as events:
+        events = self.post_events("/chat/completions", body, acceptance)
+        async with contextlib.aclosing(events):
             async for event in events:
                 if done:
                     continue  # read on to the end so that the connection is reused
                 if event.data.strip() == "[DONE]":
                     done = True
                     continue
-                chunk = parse_json(self.name, event.data)
+                chunk = checked(self.name, parse_json(self.name, event.data), ChatAnswer)
                 if chunk.get("error"):  # in-band error from the upstream: never its text
                     raise reported_error(self.name)
                 finished = finished or any(
@@ -49,19 +63,21 @@ class OpenAIProvider(HttpProvider):
         if not (done or finished):
             raise stream_ended_early(self.name)
 
-    async def responses(self, request: dict) -> dict:
-        return await self.post_json("/responses", request, optional_endpoint=True)
+    async def responses(self, request: dict, acceptance: Acceptance) -> dict:
+        answer = await self.post_json("/responses", request, acceptance, optional_endpoint=True)
+        return checked(self.name, answer, ResponsesAnswer)
 
-    async def responses_stream(self, request: dict) -> AsyncIterator[tuple[str, dict]]:
+    async def responses_stream(
+        self, request: dict, acceptance: Acceptance
+    ) -> AsyncIterator[tuple[str, dict]]:
         body = {**request, "stream": True}
         done = False
-        async with contextlib.aclosing(
-            self.post_events("/responses", body, optional_endpoint=True)
-        ) as events:
+        events = self.post_events("/responses", body, acceptance, optional_endpoint=True)
+        async with contextlib.aclosing(events):
             async for event in events:
                 if done or event.data.strip() == "[DONE]":
                     continue
-                payload = parse_json(self.name, event.data)
+                payload = checked(self.name, parse_json(self.name, event.data), ResponsesEvent)
                 name = event.event or payload.get("type") or ""
                 if name in _RESPONSES_FAILED:
                     raise reported_error(self.name)

@@ -1,12 +1,13 @@
-"""The gateway's side of the node protocol: one signed call, one verified answer."""
+"""The gateway's side of the node protocol: signed calls, verified answers."""
 
 import aiohttp
 import orjson
 
-from gateway.sandbox.signing import NONCE_HEADER, SignatureError, Signer
+from model_gateway.gateway.sandbox.wire_auth import NONCE_HEADER, SignatureError, Signer
 
 # Beyond the job's own timeout: bwrap start-up, clean-up and the HTTP round trip.
 TIMEOUT_MARGIN_S = 10.0
+STOP_TIMEOUT_S = 5.0
 
 
 class NodeError(Exception):
@@ -25,27 +26,46 @@ async def execute_on_node(
     session: aiohttp.ClientSession, base_url: str, signer: Signer, job: dict[str, object]
 ) -> dict[str, object]:
     """POSTs `job` (the node's ExecuteRequest fields) and returns the verified result object."""
-    body = orjson.dumps(job)
+    timeout = float(job.get("timeout_s", 10.0)) + TIMEOUT_MARGIN_S
+    return await _call(session, f"{base_url.rstrip('/')}/execute", signer, job, timeout)
+
+
+async def stop_on_node(
+    session: aiohttp.ClientSession, base_url: str, signer: Signer, execution_id: str
+) -> str:
+    """Asks the node to stop a run; returns its state (`stopping` or `not_running`)."""
+    url = f"{base_url.rstrip('/')}/stop"
+    answer = await _call(session, url, signer, {"execution_id": execution_id}, STOP_TIMEOUT_S)
+    return str(answer.get("state"))
+
+
+async def _call(
+    session: aiohttp.ClientSession,
+    url: str,
+    signer: Signer,
+    payload: dict[str, object],
+    timeout_s: float,
+) -> dict[str, object]:
+    body = orjson.dumps(payload)
     headers = signer.sign_request(body)
-    timeout = aiohttp.ClientTimeout(total=float(job.get("timeout_s", 10.0)) + TIMEOUT_MARGIN_S)
     try:
         async with session.post(
-            f"{base_url.rstrip('/')}/execute",
+            url,
             data=body,
             headers={**headers, "content-type": "application/json"},
-            timeout=timeout,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as response:
             raw = await response.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise NodeError(f"sandbox node unreachable: {type(exc).__name__}") from exc
     try:
         signer.verify_response(response.headers, raw, headers[NONCE_HEADER])
-        payload = orjson.loads(raw)
+        answer = orjson.loads(raw)
     except (SignatureError, orjson.JSONDecodeError) as exc:
         raise NodeError(f"sandbox node answer rejected (HTTP {response.status}): {exc}") from exc
-    if response.status == 200:
-        return payload
-    error = payload.get("error", {}) if isinstance(payload, dict) else {}
+    if response.status == 200 and isinstance(answer, dict):
+        return answer
+    error = answer.get("error", {}) if isinstance(answer, dict) else {}
     message = f"sandbox node: {error.get('type', 'error')}: {error.get('message', '')}"
     if response.status == 503 and error.get("type") == "busy":
         raise NodeBusy(message, response.headers.get("retry-after", "5"))

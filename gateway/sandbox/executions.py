@@ -5,16 +5,25 @@ configured (else 502 sandbox_error) and loads the sandbox record: the key's proj
 same runtime (404 not_found, 400 runtime). Its timeout fixes the hold. The handler then
 takes a free slot among `max_concurrent` (else 503 service_unavailable, retry-after: 5)
 and calls the node (502 sandbox_error; the node's own "busy" is a 503 too).
-Any error leaves `ctx.outcome` None: the hold is released in full and no receipt issued.
+Any error leaves `ctx.billing` None: the hold is released in full and no receipt issued.
 A program that ran, whatever its exit, is billed: `completed` settles as `succeeded`,
 `failed` and `timed_out` as `failed`.
+
+A client that leaves mid-run cancels the handler (dispatch does). The node's run goes on
+in its own task until the handler has asked the node to stop it and the node answered
+with the time it ran: that time is billed as `cancelled`. The slot counts as taken until
+the node's answer, so the gateway never admits more runs than the node has free slots.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
+import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -23,29 +32,35 @@ import msgspec
 import orjson
 from starlette.responses import Response
 
-from gateway.errors import (
+from model_gateway.gateway.config import ConfigError
+from model_gateway.gateway.pricing import SandboxPricing
+from model_gateway.gateway.sandbox.client import NodeBusy, NodeError, execute_on_node, stop_on_node
+from model_gateway.gateway.sandbox.supervisor import NodeSupervisor
+from model_gateway.gateway.sandbox.wire_auth import Signer, load_shared_secret
+from model_gateway.pipeline.context import Billing, Outcome
+from model_gateway.pipeline.endpoint import Endpoint
+from model_gateway.pipeline.errors import (
     JSON_CONTENT_TYPE,
+    GatewayError,
     InvalidRequest,
     NotFound,
     SandboxError,
     ServiceUnavailable,
 )
-from gateway.pricing import SandboxPricing
-from gateway.routes import Endpoint
-from gateway.sandbox.client import NodeBusy, NodeError, execute_on_node
-from gateway.sandbox.signing import Signer, load_or_create_secret
-from gateway.sandbox.supervisor import NodeSupervisor
-from gateway.validation import decoder
+from model_gateway.pipeline.validation import decoder
 
 if TYPE_CHECKING:
-    from pipeline.context import RequestContext
-    from storage import SandboxRecord
+    from model_gateway.pipeline.context import RequestContext
+    from model_gateway.storage import SandboxRecord
 
 log = logging.getLogger("gateway.sandbox")
 
 MAX_CODE_BYTES = 100 * 1024
 MAX_STDIN_BYTES = 256 * 1024  # the node's own limit
 CAPACITY_RETRY_AFTER_S = 5
+# After a stop request: how long the node may take to kill the run and answer. Beyond it,
+# the node's connection is closed, which stops the run on the node as well.
+STOP_WAIT_S = 10.0
 _JSON = JSON_CONTENT_TYPE.decode()
 
 Runtime = Literal["python", "node", "bash"]
@@ -87,7 +102,7 @@ class NodeResult(msgspec.Struct):
     """The part of the node's answer the gateway relies on; anything else is malformed."""
 
     execution_id: str
-    status: Literal["completed", "failed", "timed_out"]
+    status: Literal["completed", "failed", "timed_out", "cancelled"]
     exit_code: int
     stdout: str
     stderr: str
@@ -111,6 +126,15 @@ class SandboxExecutions:
         self._session: aiohttp.ClientSession | None = None
         self._signer: Signer | None = None
         self._supervisor: NodeSupervisor | None = None
+        if self.node is not None and self.node.spawn:
+            # Binds the node's port now: a taken one stops `gateway serve` at once.
+            secret_file = config.path(self.node.secret_file)
+            try:
+                self._supervisor = NodeSupervisor(
+                    self.node.url, secret_file, max_concurrent=self.node.max_concurrent
+                )
+            except ValueError as exc:  # not an http URL
+                raise ConfigError(str(exc)) from None
 
     def routes(self) -> list[Endpoint]:
         return [
@@ -129,15 +153,17 @@ class SandboxExecutions:
         if self.node is None:
             return
         secret_file = self.gateway.config.path(self.node.secret_file)
-        self._signer = Signer(load_or_create_secret(secret_file))
-        # Two spare connections: a slot's connection may still be closing when it is reused.
-        connector = aiohttp.TCPConnector(limit=self.node.max_concurrent + 2)
+        self._signer = Signer(load_shared_secret(secret_file))
+        # A connection per slot, one per slot for a stop request sent while its run holds
+        # the first, and two spare: a slot's connection may still be closing when reused.
+        connector = aiohttp.TCPConnector(limit=2 * self.node.max_concurrent + 2)
         self._session = aiohttp.ClientSession(connector=connector)
-        if self.node.spawn:
-            self._supervisor = NodeSupervisor(
-                self.node.url, secret_file, max_concurrent=self.node.max_concurrent
-            )
-            await self._supervisor.start()
+        if self._supervisor is not None:
+            try:
+                await self._supervisor.start()  # NodeStartError: `gateway serve` does not start
+            except BaseException:
+                await self.close()
+                raise
 
     async def close(self) -> None:
         if self._session is not None:
@@ -160,33 +186,76 @@ class SandboxExecutions:
             raise ServiceUnavailable(
                 "Sandbox capacity is temporarily exhausted.", retry_after=CAPACITY_RETRY_AFTER_S
             )
+        execution_id = "exe_" + secrets.token_hex(12)
+        started = time.monotonic()
+        # Its own task, so that cancelling this handler leaves the node's run to be stopped
+        # and measured; the slot is freed when the node has answered, not before.
         self.in_flight += 1
+        call = asyncio.ensure_future(self._run(execution_id, execution.request, sandbox))
+        call.add_done_callback(self._free_slot)
         try:
-            execution_id = "exe_" + secrets.token_hex(12)
-            result = await self._run(execution_id, execution.request, sandbox)
-        finally:
-            self.in_flight -= 1
-        body = {
-            "id": execution_id,
-            "object": "sandbox.execution",
-            "sandbox_id": sandbox.id,
-            "runtime": sandbox.runtime,
-            "status": result.status,
-            "exit_code": result.exit_code,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
-            "stdout_truncated": result.stdout_truncated,
-            "stderr_truncated": result.stderr_truncated,
-            "oom_killed": result.oom_killed,
-            "duration_ms": result.duration_ms,
-            "receipt_id": ctx.receipt_id,
-        }
-        raw = orjson.dumps(body)
-        ctx.usage = {"duration_ms": result.duration_ms}
-        # The program ran, whatever its exit: billed either way, the receipt says how it went.
-        ctx.outcome = "succeeded" if result.status == "completed" else "failed"
-        ctx.response_sha256 = hashlib.sha256(raw).hexdigest()
+            result = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await _despite_cancellation(self._abandon(ctx, execution_id, call, started))
+            raise
+        raw = self._answer(ctx, execution_id, result)
+        ctx.billing = Billing(
+            _OUTCOMES.get(result.status, "failed"),
+            {"duration_ms": result.duration_ms},
+            hashlib.sha256(raw).hexdigest(),
+        )
         return Response(raw, media_type=_JSON)
+
+    def _free_slot(self, call: asyncio.Future) -> None:
+        self.in_flight -= 1
+        if not call.cancelled():
+            call.exception()  # retrieved: an abandoned call's error is not "never retrieved"
+
+    async def _abandon(
+        self, ctx: RequestContext, execution_id: str, call: asyncio.Future, started: float
+    ) -> None:
+        """The client left mid-run: stop the run on the node and bill the time it ran."""
+        try:
+            await stop_on_node(self._session, self.node.url, self._signer, execution_id)
+        except NodeError as exc:  # the connection's close below still stops it
+            log.warning("execution %s: stop refused: %s", execution_id, exc)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(call), STOP_WAIT_S)
+        except GatewayError:
+            return  # the node did not run it (busy, failed): nothing to bill
+        except TimeoutError:
+            # A node that does not answer a stop in time is presumed broken: closing the
+            # connection stops the run there as soon as it notices, and frees our slot.
+            # The time billed is our own measure, at most the sandbox's limit.
+            call.cancel()
+            ran_ms = int((time.monotonic() - started) * 1000)
+            log.warning("execution %s: no answer to stop; billing %d ms", execution_id, ran_ms)
+            result = NodeResult(execution_id, "cancelled", -1, "", "", False, False, ran_ms)
+        raw = self._answer(ctx, execution_id, msgspec.structs.replace(result, status="cancelled"))
+        ctx.billing = Billing(
+            "cancelled", {"duration_ms": result.duration_ms}, hashlib.sha256(raw).hexdigest()
+        )
+
+    @staticmethod
+    def _answer(ctx: RequestContext, execution_id: str, result: NodeResult) -> bytes:
+        sandbox = ctx.payload.sandbox
+        return orjson.dumps(
+            {
+                "id": execution_id,
+                "object": "sandbox.execution",
+                "sandbox_id": sandbox.id,
+                "runtime": sandbox.runtime,
+                "status": result.status,
+                "exit_code": result.exit_code,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "stdout_truncated": result.stdout_truncated,
+                "stderr_truncated": result.stderr_truncated,
+                "oom_killed": result.oom_killed,
+                "duration_ms": result.duration_ms,
+                "receipt_id": ctx.receipt_id,
+            }
+        )
 
     async def _sandbox_of(self, ctx: RequestContext, request: ExecutionRequest) -> SandboxRecord:
         sandbox = await self.gateway.storage.get_sandbox(request.sandbox_id)
@@ -228,3 +297,17 @@ class SandboxExecutions:
             log.warning("execution %s: the node answered for %s", execution_id, result.execution_id)
             raise SandboxError()
         return result
+
+
+# The program ran, whatever its exit: billed either way, the receipt says how it went.
+_OUTCOMES: dict[str, Outcome] = {"completed": "succeeded", "cancelled": "cancelled"}
+
+
+async def _despite_cancellation(work: Awaitable[None]) -> None:
+    """Runs `work` to its end even if the caller is cancelled again meanwhile (it must be
+    bounded on its own); the caller re-raises its cancellation afterwards."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    task.result()

@@ -1,12 +1,18 @@
 """`spawn = true`: `gateway serve` runs a local sandbox node as its child and keeps it up.
 
-The node listens where `[sandbox_node] url` points and reads the same secret file. If it
-exits, it is started again (after 1 s, doubling up to 30 s while it keeps dying young).
-At shutdown it gets SIGTERM, then SIGKILL after a grace period. PR_SET_PDEATHSIG makes
-the kernel end it if the gateway itself dies without shutting down (kill -9).
+The node listens where `[sandbox_node] url` points and reads the same secret file. The
+gateway binds that port itself, when the app is created, and hands the listening socket
+to the node. A port that is taken (another deployment's node on it) stops `gateway serve`
+before it opens anything, with a message naming it, instead of a node crash-looping on
+the bind while the gateway talks to whatever answers there; and a restarted node gets
+the same socket, so nothing else can take the port between two runs. If the node exits,
+it is started again (after 1 s, doubling up to 30 s while it keeps dying young). A node
+that exits before it first answered fails the start too. At shutdown it gets SIGTERM,
+then SIGKILL after a grace period. PR_SET_PDEATHSIG makes the kernel end it if the
+gateway itself dies without shutting down (kill -9).
 
 Run directly, this module is the child: `python -m gateway.sandbox.supervisor HOST PORT
-SECRET_FILE MAX_CONCURRENT`.
+SECRET_FILE MAX_CONCURRENT [LISTENING_FD]`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import ctypes
 import logging
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -24,7 +31,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 
-log = logging.getLogger("gateway.sandbox.supervisor")
+from model_gateway.gateway.config import ConfigError
+from model_gateway.gateway.sandbox.child import child_command
+
+log = logging.getLogger("model_gateway.gateway.sandbox.supervisor")
 
 READY_WAIT_S = 15.0
 STOP_GRACE_S = 10.0
@@ -47,20 +57,42 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+class NodeStartError(RuntimeError):
+    """The spawned node exited before it could serve: `gateway serve` does not start."""
+
+
+class NodePortTaken(ConfigError):
+    """The node's port is taken: `gateway serve` stops before it opens anything else."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The node's listening socket, bound here so that a taken port fails the start."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise NodePortTaken(
+            f"the sandbox node cannot listen on {host}:{port} ([sandbox_node] url): "
+            f"{exc.strerror or exc}. Is another deployment's node using this port? "
+            "Give each deployment with spawn = true its own port."
+        ) from None
+
+
 class NodeSupervisor:
+    """Binds the node's port on creation (NodePortTaken), runs the node from `start`."""
+
     def __init__(self, url: str, secret_file: Path, *, max_concurrent: int) -> None:
         self.url = url.rstrip("/")
-        host, port = node_address(url)
+        self.host, self.port = node_address(url)
         self.argv = [
-            sys.executable,
-            "-m",
-            "gateway.sandbox.supervisor",
-            host,
-            str(port),
+            *child_command(),
+            self.host,
+            str(self.port),
             str(secret_file),
             str(max_concurrent),
         ]
         self.process: asyncio.subprocess.Process | None = None
+        self._socket: socket.socket | None = listen(self.host, self.port)
         self._task: asyncio.Task | None = None
         self._stopping = False
 
@@ -69,10 +101,20 @@ class NodeSupervisor:
         return None if self.process is None else self.process.pid
 
     async def start(self) -> None:
-        """Starts the node and waits (a bounded time) until it answers its health check."""
-        await self._spawn()
+        """Starts the node and waits (a bounded time) until it answers its health check;
+        raises NodeStartError if the node exits first."""
+        try:
+            await self._spawn()
+            ready = await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+        if ready is None:
+            code = self.process.returncode
+            await self.stop()
+            raise NodeStartError(f"the sandbox node exited with {code} before it could serve")
         self._task = asyncio.create_task(self._keep_running())
-        if not await self._wait_ready():
+        if not ready:
             log.warning("sandbox node not ready after %.0f s; executions answer 502", READY_WAIT_S)
 
     async def stop(self) -> None:
@@ -82,19 +124,27 @@ class NodeSupervisor:
             with anyio.CancelScope(shield=True):
                 await asyncio.gather(self._task, return_exceptions=True)
         process = self.process
-        if process is None or process.returncode is not None:
-            return
-        with anyio.CancelScope(shield=True):
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        if process is not None and process.returncode is None:
+            with anyio.CancelScope(shield=True):
+                process.terminate()
+                try:
+                    await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
     async def _spawn(self) -> None:
+        assert self._socket is not None
+        fd = self._socket.fileno()
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent
+            *self.argv,
+            str(fd),
+            stdin=asyncio.subprocess.DEVNULL,
+            pass_fds=(fd,),
+            preexec_fn=_die_with_parent,
         )
         log.info("sandbox node started: pid %d serving %s", self.process.pid, self.url)
 
@@ -112,10 +162,13 @@ class NodeSupervisor:
             backoff = min(backoff * 2, MAX_BACKOFF_S)
             await self._spawn()
 
-    async def _wait_ready(self) -> bool:
+    async def _wait_ready(self) -> bool | None:
+        """True once the node answers; False after READY_WAIT_S; None if it exited first."""
         deadline = time.monotonic() + READY_WAIT_S
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
+                if self.process.returncode is not None:
+                    return None
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     timeout = aiohttp.ClientTimeout(total=1)
                     async with session.get(f"{self.url}/healthz", timeout=timeout) as response:
@@ -125,13 +178,20 @@ class NodeSupervisor:
         return False
 
 
-def _main(argv: list[str]) -> None:
-    from gateway.sandbox.node import serve_node
+def run_child(argv: list[str]) -> None:
+    from model_gateway.gateway.sandbox.node.service import serve_node
 
-    host, port, secret_file, max_concurrent = argv
+    host, port, secret_file, max_concurrent, *fd = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve_node(host, int(port), secret_file, max_concurrent=int(max_concurrent)))
+    serve = serve_node(
+        host,
+        int(port),
+        secret_file,
+        max_concurrent=int(max_concurrent),
+        fd=int(fd[0]) if fd else None,
+    )
+    asyncio.run(serve)
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    run_child(sys.argv[1:])

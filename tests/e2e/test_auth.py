@@ -1,9 +1,12 @@
 """Every row of the spec's "Authentication failures" table and every rule of "Sending the
 key", against a real `gateway serve`, with keys and projects administered by the real CLI."""
 
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from gateway import keys
+from model_gateway.gateway import keys
 from tests.support.errors import assert_error, without_request_id
 from tests.support.http import bearer, chat_body
 
@@ -34,6 +37,14 @@ def test_no_key_on_an_inference_endpoint_is_invalid_api_key(http):
     )
 
 
+def expiring_key(gateway, project: str, scopes: str) -> str:
+    """A key that expired a moment ago (the CLI refuses an expiry already past)."""
+    expires = datetime.now(UTC) + timedelta(seconds=1.5)
+    key = gateway.create_key(project, scopes, "--expires-at", expires.isoformat())
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.1)
+    return key
+
+
 def test_malformed_unknown_revoked_expired_and_missing_keys_are_indistinguishable(
     gateway, http, make_key
 ):
@@ -41,7 +52,7 @@ def test_malformed_unknown_revoked_expired_and_missing_keys_are_indistinguishabl
     revoked = gateway.create_key(project, ALL_SCOPES)
     assert models(http, bearer(revoked)).status_code == 200  # usable, and now cached
     gateway.cli("keys", "revoke", keys.public_prefix(revoked))
-    expired = gateway.create_key(project, ALL_SCOPES, "--expires-at", "2020-01-01T00:00:00Z")
+    expired = expiring_key(gateway, project, ALL_SCOPES)
     cases = {
         "unknown": bearer(keys.generate_key()),
         "known prefix, wrong secret": bearer(valid[:18] + keys.generate_key()[18:]),
@@ -68,7 +79,7 @@ def test_malformed_unknown_revoked_expired_and_missing_keys_are_indistinguishabl
 
 def test_an_expired_key_is_refused_and_a_future_expiry_is_not(gateway, http, make_key):
     project, _ = make_key()
-    past = gateway.create_key(project, "inference", "--expires-at", "2001-02-03T04:05:06Z")
+    past = expiring_key(gateway, project, "inference")
     future = gateway.create_key(project, "inference", "--expires-at", "2999-01-01T00:00:00Z")
     assert_error(models(http, bearer(past)), 401, "invalid_api_key")
     assert models(http, bearer(future)).status_code == 200

@@ -4,9 +4,10 @@ import json
 import socket
 from decimal import Decimal
 
+import openai
 import pytest
 
-from gateway.config import load_config
+from model_gateway.gateway.config import load_config
 from tests.support.errors import ERROR_CONTENT_TYPE, assert_error
 from tests.support.http import bearer, chat_body
 
@@ -291,7 +292,6 @@ def test_every_response_carries_a_fresh_request_id(http, inference_key):
     "path",
     [
         "/v1/nope",
-        "/v1/models/echo-1/extra",
         "/v1/chat",
         "/v1/completions",
         "/v1/embeddings",
@@ -324,6 +324,7 @@ def test_an_unknown_v1_path_is_not_found_whatever_the_credentials(
         ("GET", "/v1/responses", {"POST"}),
         ("PUT", "/v1/chat/completions", {"POST"}),
         ("POST", "/v1/models", {"GET"}),
+        ("POST", "/v1/models/echo-1", {"GET"}),
         ("DELETE", "/v1/models", {"GET"}),
         ("POST", "/v1", {"GET"}),
         ("POST", "/v1/receipts/rcpt_0", {"GET"}),
@@ -370,7 +371,10 @@ def test_get_v1_needs_a_key(http):
 def test_healthz_needs_no_key(http):
     response = http.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    health = response.json()
+    assert health["status"] == "ok"
+    # Detail beside the status: each provider's circuit breaker (test_fallbacks).
+    assert all(p["breaker"] == "closed" for p in health["providers"].values())
     assert response.headers["x-request-id"].startswith("req_")
 
 
@@ -415,6 +419,37 @@ def test_models_lists_only_what_the_key_and_project_allow(gateway, http):
 
 def test_models_needs_a_key(http):
     assert_error(http.get("/v1/models"), 401, "invalid_api_key")
+    assert_error(http.get("/v1/models/echo-1"), 401, "invalid_api_key")
+
+
+@pytest.mark.parametrize("model_id", ["echo-1", "org/echo-2", "echo-off"])
+def test_a_model_is_retrieved_by_id_even_with_a_slash(gateway, http, inference_key, model_id):
+    response = http.get(f"/v1/models/{model_id}", headers=bearer(inference_key))
+    assert response.status_code == 200, response.text
+    _check_model_entries([response.json()], _expected_models(gateway, {model_id}))
+
+
+def test_the_sdk_retrieves_a_model(gateway, inference_key):
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=inference_key)
+    assert client.models.retrieve("org/echo-2").id == "org/echo-2"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+@pytest.mark.parametrize("model_id", ["nope", "echo-1/extra", "org"])
+def test_an_unknown_model_id_is_model_not_found(http, inference_key, model_id):
+    response = http.get(f"/v1/models/{model_id}", headers=bearer(inference_key))
+    assert_error(response, 404, "model_not_found")
+
+
+def test_a_model_the_key_may_not_use_is_model_not_found(gateway, http):
+    project = gateway.create_project("retrieve", "--exclude-models", "echo-off")
+    narrow = gateway.create_key(project, "inference", "--models", "echo-1,echo-off")
+    assert http.get("/v1/models/echo-1", headers=bearer(narrow)).status_code == 200
+    for excluded in ("echo-off", "echo-notools"):  # by the project, by the key
+        assert_error(
+            http.get(f"/v1/models/{excluded}", headers=bearer(narrow)), 404, "model_not_found"
+        )
 
 
 # -- Rate limit ---------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Arbitrary credentials, content types and bodies against the real server: whatever is
-sent, the answer is a success or one of the spec's errors with its status, never a 500."""
+sent, the answer is a success or one of the spec's errors with its status, never a 500.
+Bodies are arbitrary at the top, and well-formed requests of both inference endpoints
+with wrong types put deep inside them (tool schemas, tool calls, content parts, ...)."""
 
 import json
 
@@ -8,6 +10,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.inference.request_strategies import (
+    chat_body,
+    json_any,
+    responses_body,
+    with_wrong_types,
+)
 from tests.support.errors import REQUEST_ERRORS, SPEC_ERRORS, assert_error
 from tests.support.strategies import mostly
 
@@ -41,14 +49,6 @@ credential = mostly(
         ).map("".join),
     ),
     60,
-)
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12))
-json_any = st.recursive(
-    json_leaf,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=8,
 )
 plausible = st.fixed_dictionaries(
     {
@@ -170,3 +170,42 @@ def test_the_real_server_answers_arbitrary_requests_with_spec_errors(
         return
     assert kind in REQUEST_ERRORS, response.text
     assert_error(response, SPEC_ERRORS[kind], kind)
+
+
+def assert_never_a_failure_of_ours(response: httpx.Response) -> str:
+    """A success (streams included: no in-band internal error), or a spec request error."""
+    if response.status_code < 300:
+        assert response.status_code == 200
+        assert b'"internal_error"' not in response.content, response.text
+        return "200"
+    kind = response.json()["error"]["type"]
+    assert kind in REQUEST_ERRORS, response.text
+    assert_error(response, SPEC_ERRORS[kind], kind)
+    return f"{response.status_code} {kind} {response.json()['error'].get('param')}"
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    request=st.one_of(
+        st.tuples(st.just("/v1/chat/completions"), with_wrong_types(chat_body)),
+        st.tuples(st.just("/v1/responses"), with_wrong_types(responses_body)),
+        # Either endpoint's shape sent to the other: wrong types at every level at once.
+        st.tuples(st.just("/v1/chat/completions"), with_wrong_types(responses_body)),
+        st.tuples(st.just("/v1/responses"), with_wrong_types(chat_body)),
+    )
+)
+def test_wrong_types_deep_inside_a_request_are_400_never_500(http, fuzz_keys, request):
+    path, body = request
+    response = http.post(
+        path,
+        content=json.dumps(body).encode(),
+        headers={
+            "authorization": f"Bearer {fuzz_keys['good']}",
+            "content-type": "application/json",
+        },
+    )
+    event(f"{path} {assert_never_a_failure_of_ours(response).split(' param')[0]}")

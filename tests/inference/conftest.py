@@ -12,14 +12,30 @@ import pytest
 
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.fake_openai import FakeOpenAI
+from tests.support.fake_upstream import BROKEN_USAGE_MODES, MALFORMED
 from tests.support.gateway_process import GatewayProcess
 from tests.support.inference import (
     ANTHROPIC_CREDENTIAL,
     IMPATIENT_TIMEOUT_S,
+    NO_BREAKER,
     OPENAI_CREDENTIAL,
     UPSTREAM_ENV,
+    _model,
     inference_config,
 )
+
+# Fault modes of the fakes beyond tests.support.inference.MODES, served as the same
+# `<provider>/<mode>` models.
+MORE_MODES = ["stall-after-accept", "stall-before-first", MALFORMED, *BROKEN_USAGE_MODES]
+PROVIDERS = {"oa": "fakeai", "oa-chat": "fakeai-chatonly", "an": "fakeanthropic"}
+
+
+def _config(openai_url: str, anthropic_url: str) -> str:
+    config = inference_config(openai_url, anthropic_url)
+    config += NO_BREAKER
+    for prefix, provider in PROVIDERS.items():
+        config += "".join(_model(f"{prefix}/{mode}", provider, mode) for mode in MORE_MODES)
+    return config
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +54,7 @@ def _start(folder, fakes, timeout_s: float) -> GatewayProcess:
     fake_openai, fake_anthropic = fakes
     return GatewayProcess(
         folder,
-        extra_config=inference_config(fake_openai.url, fake_anthropic.url),
+        extra_config=_config(fake_openai.url, fake_anthropic.url),
         env=UPSTREAM_ENV,
         gateway_timeout_s=timeout_s,
     ).start()

@@ -9,7 +9,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.tokens import estimate_tokens
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

@@ -1,7 +1,7 @@
 """The handlers' contract with metering, in process: the real handlers and providers (echo,
 and the OpenAI provider against the fake upstream), driven by hand as dispatch drives them.
 
-`ctx.usage`, `ctx.outcome` and `ctx.response_sha256` must be set when the response's last
+`ctx.billing` must be set when the response's last
 message goes out (settle acts then), and must describe exactly the bytes sent.
 """
 
@@ -13,15 +13,19 @@ import time
 
 import pytest
 
-import gateway  # noqa: F401  (before pipeline: see tests/pipeline/conftest.py)
-from gateway.config import parse_config
-from gateway.errors import ProviderError
-from gateway.inference.handlers import InferenceHandlers
-from gateway.inference.tokens import estimate_tokens
-from gateway.providers import Providers
-from pipeline.context import STATE_KEY, RequestContext
-from pipeline.dispatch import Dispatch
-from tests.support.fake_upstream import REPLY_PIECES
+from model_gateway.gateway.config import parse_config
+from model_gateway.gateway.inference.handlers import InferenceHandlers
+from model_gateway.gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.providers import Providers
+from model_gateway.pipeline.context import STATE_KEY, RequestContext
+from model_gateway.pipeline.dispatch import Dispatch
+from model_gateway.pipeline.errors import ProviderError
+from tests.support.fake_upstream import (
+    BROKEN_USAGE_MODES,
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    REPLY_PIECES,
+)
 from tests.support.inference import OPENAI_CREDENTIAL
 
 PROMPT = "Count me in."
@@ -30,7 +34,8 @@ PROMPT = "Count me in."
 @pytest.fixture
 async def handlers(fake_openai, monkeypatch):
     monkeypatch.setenv("FAKE_OPENAI_KEY", OPENAI_CREDENTIAL)
-    config = parse_config(f"""
+    config = parse_config(
+        f"""
 [providers.local]
 kind = "echo"
 [providers.fakeai]
@@ -45,7 +50,12 @@ upstream = "hang-stream"
 [models."broken"]
 provider = "fakeai"
 upstream = "fault-500"
-""")
+"""
+        + "".join(
+            f'[models."{mode}"]\nprovider = "fakeai"\nupstream = "{mode}"\n'
+            for mode in ["normal", *BROKEN_USAGE_MODES]
+        )
+    )
     providers = Providers(config)
     await providers.start()
     yield InferenceHandlers(providers, timeout_s=10), config
@@ -82,7 +92,9 @@ class Client:
             return
         self.body += message.get("body", b"")
         if not message.get("more_body", False):
-            self.at_end = (self.ctx.outcome, self.ctx.usage, self.ctx.response_sha256)
+            billing = self.ctx.billing
+            assert billing is not None
+            self.at_end = (billing.outcome, billing.usage, billing.response_sha256)
         if self.leave_after and self.leave_after in self.body:
             self.gone.set()
 
@@ -143,9 +155,15 @@ async def test_client_gone_mid_stream_closes_upstream_and_bills_what_was_sent(
         await asyncio.sleep(0.01)
     assert "hang-stream" in fake_openai.disconnected, "the upstream connection stayed open"
     delivered = "".join(REPLY_PIECES[:2])
-    assert ctx.outcome == "failed"
-    assert ctx.usage["output_tokens"] == estimate_tokens(delivered)
-    assert ctx.response_sha256 == hashlib.sha256(client.body).hexdigest()
+    assert ctx.billing is not None
+    # The client left once the upstream had accepted: the prompt and what it was sent.
+    assert ctx.billing.outcome == "cancelled"
+    assert ctx.billing.usage == {
+        "input_tokens": estimate_tokens("x"),
+        "output_tokens": estimate_tokens(delivered),
+    }
+    assert ctx.billing.usage_source == "gateway"
+    assert ctx.billing.response_sha256 == hashlib.sha256(client.body).hexdigest()
 
 
 async def test_stream_failing_before_its_first_byte_raises_and_bills_nothing(handlers):
@@ -153,4 +171,28 @@ async def test_stream_failing_before_its_first_byte_raises_and_bills_nothing(han
     ctx, handler = context(handlers, "/v1/chat/completions", body)
     with pytest.raises(ProviderError):
         await handler(ctx)
-    assert ctx.outcome is None
+    assert ctx.billing is None
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("mode", ["normal", *BROKEN_USAGE_MODES])
+async def test_billing_says_who_counted_the_tokens(handlers, path, stream, mode):
+    """`usage_source` (for the receipt): the upstream, unless its usage was no count."""
+    fields = f'"model":"{mode}","stream":{str(stream).lower()}'
+    if path.endswith("completions"):
+        request = f'{{{fields},"messages":[{{"role":"user","content":"{PROMPT}"}}]}}'
+    else:
+        request = f'{{{fields},"input":"{PROMPT}"}}'
+    ctx, handler = context(handlers, path, request.encode())
+    await Client(ctx).run(await handler(ctx))
+    assert ctx.billing is not None and ctx.billing.outcome == "succeeded"
+    if mode == "normal":
+        assert ctx.billing.usage_source == "provider"
+        assert ctx.billing.usage == {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+    else:
+        assert ctx.billing.usage_source == "gateway"
+        assert ctx.billing.usage == {
+            "input_tokens": estimate_tokens(PROMPT),
+            "output_tokens": estimate_tokens("".join(REPLY_PIECES)),
+        }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.tokens import estimate_tokens
 from tests.support.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, REPLY
 
 PROMPT = "Say something, please."

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.inference.sse import Event, SSEDecoder, data_event, named_event
+from model_gateway.gateway.inference.sse import Event, SSEDecoder, data_event, named_event
 
 TEXT = st.text(
     st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=20

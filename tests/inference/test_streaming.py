@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.tokens import estimate_tokens
 from tests.support.fake_upstream import INPUT_TOKENS, OUTPUT_TOKENS, PAUSE_S, REPLY
 from tests.support.inference import sse_payloads
 
@@ -68,13 +68,18 @@ def test_client_disconnect_closes_the_upstream_at_once(
         time.sleep(0.01)
     assert "hang-stream" in fake.disconnected, "the upstream call outlived the client"
     assert fake.disconnected["hang-stream"] - gone < 1.0
-    # What reached the client before it left is billed as failed.
+    # The client left after the upstream accepted: the prompt and the part it was sent
+    # are billed, as cancelled.
     with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"}) as session:
         deadline = time.monotonic() + 5
         while (found := session.get(f"/v1/receipts/{receipt_id}")).status_code == 404:
             assert time.monotonic() < deadline, "no receipt for the delivered part"
             time.sleep(0.02)
-    assert found.json()["status"] == "failed"
+    assert found.json()["status"] == "cancelled"
+    assert found.json()["usage"] == {
+        "input_tokens": estimate_tokens(PROMPT),
+        "output_tokens": estimate_tokens("Hello from"),
+    }
 
 
 @pytest.mark.parametrize("model", ["echo-1", "oa/normal", "an/normal"])
@@ -102,6 +107,7 @@ def test_receipt_holds_reported_usage_and_digest_of_bytes_sent(http, provider, s
     receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
     assert receipt["status"] == "succeeded"
     assert receipt["usage"] == {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+    assert receipt["usage_source"] == "provider"
     assert receipt["response_sha256"] == hashlib.sha256(response.content).hexdigest()
     assert receipt["model"] == f"{provider}/normal"
 
@@ -116,3 +122,4 @@ def test_stream_without_reported_usage_is_counted(http, endpoint):
         "input_tokens": estimate_tokens(PROMPT),
         "output_tokens": estimate_tokens(REPLY),
     }
+    assert receipt["usage_source"] == "gateway"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.tokens import estimate_tokens
 from tests.support.errors import assert_error
 from tests.support.fake_upstream import REPLY_PIECES, SECRET, SLOW_S
 from tests.support.inference import IMPATIENT_TIMEOUT_S, read_sse, sse_payloads

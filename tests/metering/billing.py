@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import httpx
 
-from gateway.metering import current_month
-from storage import open_storage
+from model_gateway.gateway.metering import current_month
+from model_gateway.storage import open_storage
 from tests.support.gateway_process import GatewayProcess
 
 

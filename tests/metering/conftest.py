@@ -4,7 +4,7 @@ import pytest
 
 from tests.support.fake_openai import FakeOpenAI
 from tests.support.gateway_process import GatewayProcess
-from tests.support.inference import OPENAI_CREDENTIAL, UPSTREAM_ENV, inference_config
+from tests.support.inference import NO_BREAKER, OPENAI_CREDENTIAL, UPSTREAM_ENV, inference_config
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def metered_gateway(folder, upstream, *, timeout_s: float = 1.0) -> GatewayProce
     """A gateway in front of the fake, impatient enough that `slow` (3 s) times out."""
     return GatewayProcess(
         folder,
-        extra_config=inference_config(upstream.url, upstream.url),
+        extra_config=inference_config(upstream.url, upstream.url) + NO_BREAKER,
         env=UPSTREAM_ENV,
         gateway_timeout_s=timeout_s,
     )

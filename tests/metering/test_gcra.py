@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.ratelimit import Gcra
+from model_gateway.pipeline.gcra import Gcra
 
 
 class Clock:
@@ -21,10 +21,10 @@ def test_a_full_minute_spent_at_a_boundary_is_not_granted_again():
     clock = Clock()
     limiter = Gcra(clock)
     clock.now = 59.9  # a fixed window would reset at 60
-    assert sum(limiter.acquire([("k", 60)]) == 0 for _ in range(60)) == 60
+    assert sum(limiter.take([("k", 60)]) == 0 for _ in range(60)) == 60
     clock.now = 60.1
-    assert sum(limiter.acquire([("k", 60)]) == 0 for _ in range(60)) == 0
-    assert limiter.acquire([("k", 60)]) == 1  # one more second frees one request
+    assert sum(limiter.take([("k", 60)]) == 0 for _ in range(60)) == 0
+    assert limiter.take([("k", 60)]) == 1  # one more second frees one request
 
 
 @given(
@@ -37,7 +37,7 @@ def test_no_span_admits_more_than_the_bound(rpm, gaps):
     admitted = []
     for gap in gaps:
         clock.now += gap
-        if limiter.acquire([("k", rpm)]) == 0:
+        if limiter.take([("k", rpm)]) == 0:
             admitted.append(clock.now)
     interval = 60 / rpm
     for i, start in enumerate(admitted):

@@ -1,8 +1,8 @@
 import pytest
 
-from gateway.routes import ANY_VALID_KEY, Endpoint
-from pipeline.body_limit import MAX_BODY_BYTES, BodyLimit
-from pipeline.request_id import RequestId
+from model_gateway.pipeline.body_limit import MAX_BODY_BYTES, BodyLimit
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint
+from model_gateway.pipeline.request_id import RequestId
 from tests.support.asgi import Recorder, WithContext, call
 from tests.support.errors import assert_error
 

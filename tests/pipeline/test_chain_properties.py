@@ -1,5 +1,5 @@
-"""Arbitrary headers and bodies through the auth and body stages, chained in the order
-build_pipeline gives them, over a real SQLite database: never a 500, always a spec error."""
+"""Arbitrary headers and bodies through the chain build_pipeline builds (metering off), over
+a real SQLite database: never a 500, always a spec error."""
 
 import json
 import secrets
@@ -9,22 +9,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gateway.catalog import ModelCatalog
-from gateway.config import parse_config
-from gateway.inference.schemas import ChatRequest, ResponsesRequest
-from gateway.keyring import KeyRing
-from gateway.ratelimit import Gcra
-from gateway.routes import ANY_VALID_KEY, Endpoint, RouteTable
-from gateway.validation import decoder
-from pipeline.body_limit import BodyLimit
-from pipeline.cors import Cors
-from pipeline.key_auth import KeyAuth
-from pipeline.policy import Policy
-from pipeline.rate_limit import RateLimit
-from pipeline.request_id import RequestId
-from pipeline.routing import Routing
-from pipeline.scope import Scope
-from storage import open_storage
+from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.config import parse_config
+from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
+from model_gateway.gateway.keyring import KeyRing
+from model_gateway.pipeline import build_pipeline
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint, RouteTable
+from model_gateway.pipeline.gcra import Gcra
+from model_gateway.pipeline.validation import decoder
+from model_gateway.storage import open_storage
 from tests.support.asgi import Recorder, call
 from tests.support.errors import SPEC_ERRORS, STAGE_ERRORS, assert_error
 from tests.support.records import add_key, add_project
@@ -44,15 +37,24 @@ available = false
 """
 
 
-async def _handler(ctx):
-    raise AssertionError("the terminal is the recorder")
+CHAT, RESPONSES = decoder(ChatRequest), decoder(ResponsesRequest)
 
 
-ROUTES = [
-    Endpoint("GET", "/v1/models", ANY_VALID_KEY, _handler),
-    Endpoint("POST", "/v1/chat/completions", "inference", _handler, decode=decoder(ChatRequest)),
-    Endpoint("POST", "/v1/responses", "inference", _handler, decode=decoder(ResponsesRequest)),
-]
+def route_table(terminal: Recorder) -> RouteTable:
+    async def handler(ctx):
+        return terminal  # the recorder answers, and keeps the context it saw
+
+    return RouteTable(
+        [
+            Endpoint("GET", "/v1/models", ANY_VALID_KEY, handler),
+            Endpoint(
+                "POST", "/v1/chat/completions", "inference", handler, decode=decoder(ChatRequest)
+            ),
+            Endpoint(
+                "POST", "/v1/responses", "inference", handler, decode=decoder(ResponsesRequest)
+            ),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +75,17 @@ async def chain(tmp_path_factory):
     keys["revoked"] = revoked
     await storage.archive_project(archived.id)
     terminal = Recorder()
-    app = terminal
-    catalog = ModelCatalog(parse_config(CONFIG))
-    for stage, options in reversed(
-        [
-            (RequestId, {}),
-            (Cors, {"origins": ["https://app.example.com"]}),
-            (Routing, {"table": RouteTable(ROUTES), "public": Recorder()}),
-            (BodyLimit, {"max_bytes": 4096}),
-            (KeyAuth, {"keyring": KeyRing(storage, pepper)}),
-            (Scope, {}),
-            (Policy, {"catalog": catalog}),
-            (
-                RateLimit,
-                {"limiter": Gcra(), "default_key_rpm": 10**9, "default_project_rpm": 10**9},
-            ),
-        ]
-    ):
-        app = stage(app, **options)
+    app = build_pipeline(
+        routes=route_table(terminal),
+        keys=KeyRing(storage, pepper),
+        catalog=ConfigCatalog(parse_config(CONFIG)),
+        limiter=Gcra(),
+        meter=None,
+        cors_origins=["https://app.example.com"],
+        default_key_rpm=10**9,
+        default_project_rpm=10**9,
+        max_body_bytes=4096,
+    )
     yield app, terminal, keys
     await storage.close()
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.cors import Cors
+from model_gateway.pipeline.cors import Cors
 from tests.support.asgi import Recorder, call
 
 ALLOWED = "https://app.example.com"

@@ -2,12 +2,12 @@ import secrets
 
 import pytest
 
-from gateway import keys
-from gateway.keyring import KeyRing
-from pipeline.key_auth import KeyAuth
-from pipeline.request_id import RequestId
-from storage import open_storage
-from storage.base import now_s
+from model_gateway.gateway import keys
+from model_gateway.gateway.keyring import KeyRing
+from model_gateway.pipeline.key_auth import KeyAuth
+from model_gateway.pipeline.request_id import RequestId
+from model_gateway.storage import open_storage
+from model_gateway.storage.base import now_s
 from tests.support.asgi import Recorder, call
 from tests.support.errors import assert_error, without_request_id
 from tests.support.records import add_key, add_project
@@ -29,7 +29,7 @@ async def world(db):
     project = await add_project(storage)
     key, record = await add_key(storage, pepper, project.id)
     inner = Recorder()
-    app = RequestId(KeyAuth(inner, keyring=KeyRing(storage, pepper)))
+    app = RequestId(KeyAuth(inner, keys=KeyRing(storage, pepper)))
     return {
         "url": url,
         "storage": storage,
@@ -142,7 +142,7 @@ async def test_a_key_that_expires_later_is_usable(world):
 
 
 async def test_the_hash_depends_on_the_pepper(world):
-    other = RequestId(KeyAuth(Recorder(), keyring=KeyRing(world["storage"], b"p" * 32)))
+    other = RequestId(KeyAuth(Recorder(), keys=KeyRing(world["storage"], b"p" * 32)))
     reply = await call(other, headers=bearer(world["key"]))
     assert_error(reply, 401, "invalid_api_key")
 

@@ -1,15 +1,15 @@
 import orjson
 import pytest
 
-from gateway import keys
-from gateway.catalog import ModelCatalog
-from gateway.config import parse_config
-from gateway.inference.schemas import ChatRequest, ResponsesRequest
-from gateway.routes import ANY_VALID_KEY, Endpoint
-from gateway.validation import decoder
-from pipeline.policy import Policy
-from pipeline.request_id import RequestId
-from storage.base import KeyRecord, ProjectRecord
+from model_gateway.gateway import keys
+from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.config import parse_config
+from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint
+from model_gateway.pipeline.policy import Policy
+from model_gateway.pipeline.request_id import RequestId
+from model_gateway.pipeline.validation import decoder
+from model_gateway.storage.base import KeyRecord, ProjectRecord
 from tests.support.asgi import Recorder, WithContext, call
 from tests.support.errors import assert_error
 
@@ -55,7 +55,7 @@ MODELS = Endpoint("GET", "/v1/models", ANY_VALID_KEY, _handler)
 
 @pytest.fixture(scope="module")
 def catalog():
-    return ModelCatalog(parse_config(CONFIG))
+    return ConfigCatalog(parse_config(CONFIG))
 
 
 def key(models=None) -> KeyRecord:

@@ -1,9 +1,9 @@
-from gateway import keys
-from gateway.ratelimit import Gcra
-from gateway.routes import ANY_VALID_KEY, Endpoint
-from pipeline.rate_limit import RateLimit
-from pipeline.request_id import RequestId
-from storage.base import KeyRecord, ProjectRecord
+from model_gateway.gateway import keys
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint
+from model_gateway.pipeline.gcra import Gcra
+from model_gateway.pipeline.rate_limit import RateLimit
+from model_gateway.pipeline.request_id import RequestId
+from model_gateway.storage.base import KeyRecord, ProjectRecord
 from tests.support.asgi import Recorder, WithContext, call
 from tests.support.errors import assert_error
 

@@ -1,8 +1,8 @@
 import re
 
-from gateway.errors import ModelNotFound, send_error
-from pipeline.context import context_of
-from pipeline.request_id import RequestId
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.errors import ModelNotFound, send_error
+from model_gateway.pipeline.request_id import RequestId
 from tests.support.asgi import Recorder, call
 from tests.support.errors import assert_error
 

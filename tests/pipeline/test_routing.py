@@ -1,8 +1,8 @@
 import pytest
 
-from gateway.routes import ANY_VALID_KEY, PUBLIC, Endpoint, RouteTable
-from pipeline.request_id import RequestId
-from pipeline.routing import Routing
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, PUBLIC, Endpoint, RouteTable
+from model_gateway.pipeline.request_id import RequestId
+from model_gateway.pipeline.routing import Routing
 from tests.support.asgi import Recorder, call
 from tests.support.errors import assert_error
 
@@ -29,7 +29,7 @@ ENDPOINTS = [
 def build():
     inner, public = Recorder(), Recorder(body=b'{"reached":"public"}')
     # RequestId supplies the context (and the x-request-id the error checks compare with).
-    app = RequestId(Routing(inner, table=RouteTable(ENDPOINTS), public=public))
+    app = RequestId(Routing(table=RouteTable(ENDPOINTS), public=public, keyed=inner))
     return app, inner, public
 
 

@@ -3,69 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import sqlite3
 import time
 
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.metering import Meter
-from gateway.proofs.log import LogCorrupted, Pending, TransparencyLog, public_receipt
-from gateway.proofs.merkle import verify_consistency
-from gateway.proofs.receipts import canonical_bytes
-from gateway.proofs.signing import SigningKey
-from gateway.proofs.verify import verify_proof_document
-from storage import ReceiptRecord, open_storage
-from storage.base import LogLeaf, TreeHeadRecord
-from tests.support.records import add_project
+from model_gateway.gateway.proofs import log as log_module
+from model_gateway.gateway.proofs.log import LogCorrupted, Pending, TransparencyLog, public_receipt
+from model_gateway.gateway.proofs.log_key import SigningKey
+from model_gateway.gateway.proofs.merkle import MerkleTree, leaf_hash, verify_consistency
+from model_gateway.gateway.proofs.receipts import canonical_bytes, sign_receipt, sign_tree_head
+from model_gateway.gateway.proofs.verify import verify_proof_document
+from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
 
 KEY = SigningKey(Ed25519PrivateKey.generate())
 
 
-@pytest.fixture
-async def storage(tmp_path):
-    storage = await open_storage(f"sqlite:///{tmp_path / 'gateway.db'}")
-    yield storage
-    await storage.close()
-
-
-@pytest.fixture
-async def settle(storage):
-    """settle(**fields) -> the stored ReceiptRecord, billed through a real reservation."""
-    project = await add_project(storage, "secret project name")
-    await storage.add_credit(project.id, 10_000_000, "2025-01")
-    meter = Meter(storage)
-    count = 0
-
-    async def issue(**fields) -> ReceiptRecord:
-        nonlocal count
-        count += 1
-        reservation = await meter.reserve(project.id, None, 1000)
-        record = ReceiptRecord(
-            **{
-                "id": f"rcpt_{count:06d}{time.time_ns() % 10**6:06d}",
-                "reservation_id": reservation.id,
-                "project_id": project.id,
-                "key_id": None,
-                "request_id": "req_1",
-                "kind": "inference",
-                "endpoint": "/v1/chat/completions",
-                "model_or_runtime": "echo-1",
-                "status": "succeeded",
-                "usage": {"input_tokens": 3, "output_tokens": 5},
-                "cost": 120,
-                "month": reservation.month,
-                "created_at": time.time_ns() // 1000,
-                "request_sha256": hashlib.sha256(b"req %d" % count).hexdigest(),
-                "response_sha256": hashlib.sha256(b"resp %d" % count).hexdigest(),
-                **fields,
-            }
-        )
-        assert await storage.settle(record)
-        return record
-
-    return issue
+def decode(entry: bytes) -> dict:
+    return msgspec.json.decode(entry)
 
 
 def as_json(doc) -> dict:
@@ -163,7 +120,7 @@ async def test_a_stop_integrates_what_settled_during_shutdown(storage, settle):
     await log.start()
     record = await settle()
     await log.stop()
-    assert await storage.log_leaf(record.id) is not None
+    assert await storage.log_entry_index(record.id) == 0
 
 
 async def test_two_integrators_on_one_database_never_fork_the_log(storage, settle):
@@ -181,8 +138,9 @@ async def test_two_integrators_on_one_database_never_fork_the_log(storage, settl
     for record in records + more:
         for log in (a, b):
             assert verify_proof_document(as_json(await log.proof(record.id)), KEY.public_key).ok
-    leaves = await storage.log_leaves()
-    assert [leaf.leaf_index for leaf in leaves] == list(range(5))
+    indexes = [await storage.log_entry_index(r.id) for r in records + more]
+    assert indexes == list(range(5))
+    assert (await storage.tree_head()).size == 5
 
 
 async def test_a_failed_append_leaves_the_memory_tree_as_stored(storage, settle):
@@ -193,13 +151,13 @@ async def test_a_failed_append_leaves_the_memory_tree_as_stored(storage, settle)
     await log.integrate()
     record = await settle()
 
-    async def refuse(leaves, head):
+    async def refuse(entries, tiles, head):
         raise RuntimeError("disk full")
 
-    original, storage.append_log = storage.append_log, refuse
+    original, storage.append_log_tiles = storage.append_log_tiles, refuse
     with pytest.raises(RuntimeError):
         await log.integrate()
-    storage.append_log = original
+    storage.append_log_tiles = original
     assert log.size == 1
     assert await log.integrate() == 1
     assert verify_proof_document(as_json(await log.proof(record.id)), KEY.public_key).ok
@@ -207,23 +165,53 @@ async def test_a_failed_append_leaves_the_memory_tree_as_stored(storage, settle)
 
 async def test_a_log_that_does_not_match_its_signed_head_refuses_to_start(storage, settle):
     record = await settle()
-    receipt = public_receipt(record)
-    leaf = LogLeaf(
-        leaf_index=0,
-        receipt_id=record.id,
-        public_receipt=canonical_bytes(receipt),
-        signature="00" * 64,
-    )
+    leaf = leaf_hash(canonical_bytes(public_receipt(record)))
+    # Signed by the log key, but over a root the stored tiles do not give.
     head = TreeHeadRecord(
-        size=1,
-        root_hash="00" * 32,
-        timestamp="2025-01-01T00:00:00.000000Z",
-        key_id="0" * 16,
-        signature="00" * 64,
+        **msgspec.structs.asdict(
+            sign_tree_head(KEY, 1, b"\x07" * 32, "2025-01-01T00:00:00.000000Z")
+        )
     )
-    await storage.append_log([leaf], head)
-    with pytest.raises(LogCorrupted):
+    await storage.append_log_tiles(
+        [LogEntry(leaf_index=0, receipt_id=record.id)],
+        [LogTile(level=0, index=0, hashes=leaf)],
+        head,
+    )
+    with pytest.raises(LogCorrupted, match="do not hash to the signed tree head"):
         await TransparencyLog(storage, KEY).start()
+
+
+async def test_a_head_the_log_key_did_not_sign_is_never_restated_as_a_checkpoint(storage, settle):
+    record = await settle()
+    leaf = leaf_hash(canonical_bytes(public_receipt(record)))
+    other = SigningKey(Ed25519PrivateKey.generate())
+    head = TreeHeadRecord(
+        **msgspec.structs.asdict(sign_tree_head(other, 1, leaf, "2025-01-01T00:00:00.000000Z"))
+    )
+    await storage.append_log_tiles(
+        [LogEntry(leaf_index=0, receipt_id=record.id)],
+        [LogTile(level=0, index=0, hashes=leaf)],
+        head,
+    )
+    with pytest.raises(LogCorrupted, match="not signed by the log key"):
+        await TransparencyLog(storage, KEY).start()
+
+
+async def test_a_receipt_row_altered_after_logging_is_refused_not_proven(storage, settle, tmp_path):
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    record, other = await settle(), await settle()
+    await log.integrate()
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        db.execute("UPDATE receipts SET cost = cost + 1 WHERE id = ?", (record.id,))
+    db.close()
+    with pytest.raises(LogCorrupted, match="no longer matches its leaf"):
+        await log.proof(record.id)
+    with pytest.raises(LogCorrupted):
+        await log.entries(0, 2)
+    assert verify_proof_document(as_json(await log.proof(other.id)), KEY.public_key).ok
+    await log.stop()
 
 
 async def test_a_receipt_that_cannot_be_public_is_skipped_not_blocking(storage, settle):
@@ -237,3 +225,124 @@ async def test_a_receipt_that_cannot_be_public_is_skipped_not_blocking(storage, 
     with pytest.raises(Pending):
         await log.proof(bad.id)
     await log.stop()
+
+
+async def test_proofs_across_tiles_after_a_restart_with_only_the_right_edge_in_memory(
+    storage, settle
+):
+    first = TransparencyLog(storage, KEY, batch=100)  # batches straddle tile boundaries
+    await first.start()
+    first._task.cancel()
+    records = [await settle() for _ in range(530)]
+    while await first.integrate():
+        pass
+    assert first.size == 530
+    # In memory: one partial tile a level (530 = 2 full tiles + 18; level 1 holds 2).
+    assert {k: len(v) // 32 for k, v in first._edge.tiles().items()} == {(0, 2): 18, (1, 0): 2}
+    mid_head = await storage.tree_head()
+    await first.stop()
+
+    second = TransparencyLog(storage, KEY)
+    await second.start()
+    second._task.cancel()
+    more = [await settle() for _ in range(3)]
+    await second.integrate()
+    assert second.size == 533
+    for record in (records[0], records[255], records[256], records[511], records[529], more[-1]):
+        doc = as_json(await second.proof(record.id))
+        assert verify_proof_document(doc, KEY.public_key).ok
+        assert "receipt_signature" not in doc and doc["checkpoint"].startswith(
+            "gateway.local/log\n533\n"
+        )
+    _, latest, proof = await second.consistency(mid_head.size, 533)
+    assert verify_consistency(
+        mid_head.size,
+        533,
+        bytes.fromhex(mid_head.root_hash),
+        bytes.fromhex(latest.root_hash),
+        proof,
+    )
+    bundle = await second.entries(1, 256)
+    assert [decode(e)["id"] for e in bundle] == [r.id for r in records[256:512]]
+    assert await second.entries(2, 22) is None  # no head covers leaf 533
+    assert (await second.tile(0, 2, 21)).startswith(await second.tile(0, 2, 20))
+    assert await second.tile(0, 2, 22) is None and await second.tile(1, 0, 3) is None
+    await second.stop()
+
+
+@pytest.mark.parametrize("chunk", [4096, 256, 100])
+async def test_a_log_written_before_tiles_gets_its_tiles_once_and_goes_on(
+    storage, settle, tmp_path, monkeypatch, chunk
+):
+    """Leaves stored the old way (public receipt and signature per leaf) across more than
+    two tiles: the first start builds their tiles from the stored bytes (read `chunk` at a
+    time), their proofs keep their signatures, and new receipts continue the same tree."""
+    monkeypatch.setattr(log_module, "BACKFILL_CHUNK", chunk)
+    records = [await settle() for _ in range(600)]
+    leaves = [canonical_bytes(public_receipt(r)) for r in records]
+    tree = MerkleTree([leaf_hash(b) for b in leaves])
+    old = sign_tree_head(KEY, 600, tree.root(), "2025-01-01T00:00:00.000000Z")
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        db.executemany(
+            "INSERT INTO log_leaves VALUES (?, ?, ?, ?)",
+            [
+                (i, r.id, leaf, sign_receipt(KEY, public_receipt(r)))
+                for i, (r, leaf) in enumerate(zip(records, leaves, strict=True))
+            ],
+        )
+        db.execute(
+            "INSERT INTO tree_heads VALUES (?, ?, ?, ?, ?)",
+            (old.size, old.root_hash, old.timestamp, old.key_id, old.signature),
+        )
+    db.close()
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    assert log.size == 600
+    assert await storage.log_tiles([(0, 0), (0, 1), (0, 2), (1, 0)]) == {
+        (0, 0): b"".join(leaf_hash(b) for b in leaves[:256]),
+        (0, 1): b"".join(leaf_hash(b) for b in leaves[256:512]),
+        (0, 2): b"".join(leaf_hash(b) for b in leaves[512:]),
+        (1, 0): tree.root(256) + MerkleTree([leaf_hash(b) for b in leaves[256:512]]).root(),
+    }
+    doc = as_json(await log.proof(records[300].id))
+    assert doc["receipt_signature"] and verify_proof_document(doc, KEY.public_key).ok
+    assert await log.entries(2, 88) == leaves[512:]
+    # Building them again writes the same bytes: an interrupted first start just reruns.
+    await log._build_legacy_tiles(600)
+    new = await settle()
+    await log.integrate()
+    doc = as_json(await log.proof(new.id))
+    assert doc["leaf_index"] == 600 and verify_proof_document(doc, KEY.public_key).ok
+    _, latest, proof = await log.consistency(600, 601)
+    assert verify_consistency(
+        600, 601, bytes.fromhex(old.root_hash), bytes.fromhex(latest.root_hash), proof
+    )
+    mixed = await log.entries(2, 89)
+    assert mixed[:88] == leaves[512:] and decode(mixed[88])["id"] == new.id
+    await log.stop()
+    restarted = TransparencyLog(storage, KEY)
+    await restarted.start()
+    assert restarted.size == 601
+    await restarted.stop()
+
+
+async def test_two_integrators_racing_for_the_same_receipts_never_fork(storage, settle):
+    a, b = TransparencyLog(storage, KEY), TransparencyLog(storage, KEY)
+    for log in (a, b):
+        await log.start()
+        log._task.cancel()
+    records = [await settle() for _ in range(3)]
+    # Both read the same unlogged receipts and append at the same index: one loses whole.
+    outcomes = await asyncio.gather(a.integrate(), b.integrate(), return_exceptions=True)
+    assert sorted(type(o).__name__ for o in outcomes) == ["StateConflict", "int"]
+    more = await settle()
+    loser = a if isinstance(outcomes[0], Exception) else b
+    assert await loser.integrate() == 1  # reloaded from the stored tiles, goes on
+    assert [await storage.log_entry_index(r.id) for r in [*records, more]] == [0, 1, 2, 3]
+    heads = [await storage.tree_head(size) for size in range(1, 5)]
+    assert [h is not None for h in heads] == [False, False, True, True]
+    for log in (a, b):
+        doc = as_json(await log.proof(more.id))
+        assert verify_proof_document(doc, KEY.public_key).ok
+        assert doc["tree_head"]["root_hash"] == heads[-1].root_hash

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.proofs.merkle import (
+from model_gateway.gateway.proofs.merkle import (
     EMPTY_ROOT,
     MerkleTree,
     consistency_proof,

@@ -7,12 +7,15 @@ import hashlib
 import time
 
 import httpx
+import orjson
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.proofs.verify import verify_proof_document
-from storage import ReceiptRecord
+from model_gateway.gateway.app import create_app
+from model_gateway.gateway.config import ConfigError, parse_config
+from model_gateway.gateway.proofs.checkpoint import open_checkpoint, verifier_key
+from model_gateway.gateway.proofs.merkle import leaf_hash
+from model_gateway.gateway.proofs.verify import verify_proof_document
+from model_gateway.storage import ReceiptRecord
 from tests.support.records import add_project
 
 CONFIG = """
@@ -100,7 +103,7 @@ async def test_the_page_answers_json_to_a_client_that_asks_only_for_json(served)
     browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
     as_html = await client.get(f"/proofs/{receipt_id}", headers={"accept": browser})
     assert as_html.headers["content-type"].startswith("text/html")
-    assert "gateway verify http://gw.test/api/proofs/" in as_html.text
+    assert "gateway verify PAGE_URL" in as_html.text
 
 
 async def test_the_signing_key_is_created_once_and_kept(tmp_path):
@@ -112,3 +115,51 @@ async def test_the_signing_key_is_created_once_and_kept(tmp_path):
             keys.append(app.gateway.signing_key.public_key)
     assert keys[0] == keys[1]
     assert (tmp_path / "data" / "signing-key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    "url", ["gw.example.com", "https://", "javascript:alert(1)", "https://gw.example.com/?a=1"]
+)
+def test_a_public_url_that_links_cannot_start_with_is_refused_at_start(tmp_path, url):
+    with pytest.raises(ConfigError, match=r"server\.public_url"):
+        parse_config(f'[server]\npublic_url = "{url}"\n' + CONFIG, base_dir=tmp_path)
+
+
+async def test_links_follow_public_url_not_the_host_header(tmp_path):
+    config = '[server]\npublic_url = "https://receipts.example.net/"\n' + CONFIG
+    app = create_app(parse_config(config, base_dir=tmp_path))
+    async with app.lifespan():
+        gateway = app.gateway
+        receipt_id = await settled_receipt(gateway)
+        await gateway.transparency_log.integrate()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://forged.test") as client:
+            page = (await client.get(f"/proofs/{receipt_id}")).text
+    assert "forged.test" not in page
+    assert f"gateway verify https://receipts.example.net/api/proofs/{receipt_id}" in page
+
+
+async def test_an_empty_log_publishes_the_signed_checkpoint_of_the_empty_tree(served):
+    gateway, client = served
+    response = await client.get("/api/proofs/log/checkpoint")
+    assert response.status_code == 200
+    checkpoint = open_checkpoint(response.text, gateway.signing_key.public_key)
+    assert (checkpoint.origin, checkpoint.size) == ("gateway.local/log", 0)
+    assert checkpoint.root_hash == hashlib.sha256(b"").digest()
+    assert (await client.get("/api/proofs/log/tile/0/000.p/1")).status_code == 404
+    keys = (await client.get("/api/proofs/keys")).json()["data"][0]
+    assert keys["checkpoint_origin"] == "gateway.local/log"
+    assert keys["vkey"] == verifier_key("gateway.local/log", gateway.signing_key.public_key)
+    # The checkpoint follows the log, and a proof carries the same one.
+    receipt_id = await settled_receipt(gateway)
+    await gateway.transparency_log.integrate()
+    note = (await client.get("/api/proofs/log/checkpoint")).text
+    assert open_checkpoint(note, gateway.signing_key.public_key).size == 1
+    assert (await client.get(f"/api/proofs/{receipt_id}")).json()["checkpoint"] == note
+    tile = await client.get("/api/proofs/log/tile/0/000.p/1")
+    assert tile.status_code == 200 and tile.headers["cache-control"] == "public, max-age=60"
+    entries = await client.get("/api/proofs/log/tile/entries/000.p/1")
+    entry = entries.content[2:]
+    assert entries.content[:2] == len(entry).to_bytes(2, "big")
+    assert leaf_hash(entry) == tile.content
+    assert orjson.loads(entry)["id"] == receipt_id

@@ -4,16 +4,20 @@ import hashlib
 import http.server
 import operator
 import threading
+from pathlib import Path
 
 import msgspec
 import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.money import format_amount
-from gateway.proofs.merkle import MerkleTree
-from gateway.proofs.receipts import (
+from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.proofs.commitments import request_commitment, response_commitment
+from model_gateway.gateway.proofs.log_key import SigningKey
+from model_gateway.gateway.proofs.merkle import MerkleTree
+from model_gateway.gateway.proofs.receipts import (
     PublicReceipt,
+    PublicReceiptV1,
     canonical_bytes,
     format_timestamp,
     proof_document,
@@ -21,15 +25,14 @@ from gateway.proofs.receipts import (
     sign_receipt,
     sign_tree_head,
 )
-from gateway.proofs.signing import SigningKey
-from gateway.proofs.verify import DocumentError, load_document, verify_proof_document
+from model_gateway.gateway.proofs.verify import DocumentError, load_document, verify_proof_document
 
 KEY = SigningKey(Ed25519PrivateKey.generate())
 T0 = 1_735_689_600_000_000  # 2025-01-01T00:00:00Z in unix microseconds
 
 
-def make_receipt(n: int) -> PublicReceipt:
-    return PublicReceipt(
+def make_receipt_v1(n: int) -> PublicReceiptV1:
+    return PublicReceiptV1(
         id=f"rcpt_{n:016x}",
         issued_at=format_timestamp(T0 + n),
         kind="inference",
@@ -43,11 +46,33 @@ def make_receipt(n: int) -> PublicReceipt:
     )
 
 
-def issue(batches=(5, 6), key=KEY) -> list[dict]:
-    """Receipts issued in batches, a tree head after each; documents against the last."""
+def make_receipt(n: int) -> PublicReceipt:
+    salt = b"salt %011d" % n  # 16 bytes
+    return PublicReceipt(
+        id=f"rcpt_{n:016x}",
+        issued_at=format_timestamp(T0 + n),
+        kind="inference",
+        endpoint="/v1/chat/completions",
+        model_or_runtime="test-model",
+        status="succeeded",
+        usage={"input_tokens": 12 + n, "output_tokens": 30},
+        usage_source="provider",
+        cost=format_amount(120 + n),
+        request_commitment=request_commitment(salt, b"request %d" % n),
+        response_commitment=response_commitment(
+            salt, hashlib.sha256(b"response %d" % n).hexdigest()
+        ),
+    )
+
+
+def issue(batches=(5, 6), key=KEY, v1_batches=1) -> list[dict]:
+    """Receipts issued in batches, a tree head after each; documents against the last.
+    The first `v1_batches` batches hold version 1 receipts, the rest version 2: a log
+    upgraded between two batches, as a deployment's log is."""
     receipts, tree, head = [], MerkleTree(), None
-    for batch in batches:
-        new = [make_receipt(len(receipts) + i) for i in range(batch)]
+    for number, batch in enumerate(batches):
+        make = make_receipt_v1 if number < v1_batches else make_receipt
+        new = [make(len(receipts) + i) for i in range(batch)]
         receipts += new
         tree.extend(receipt_leaf_hash(r) for r in new)
         head = sign_tree_head(key, tree.size, tree.root(), format_timestamp(T0 + tree.size))
@@ -66,7 +91,8 @@ def issue(batches=(5, 6), key=KEY) -> list[dict]:
 
 
 DOCS = issue()
-DOC = DOCS[6]
+DOC = DOCS[6]  # version 2
+DOC_V1 = DOCS[2]
 
 
 def flip_hex(text: str) -> str:
@@ -81,10 +107,12 @@ TAMPERS = {
     "receipt.endpoint": (["receipt", "endpoint"], "/v1/responses", RECEIPT),
     "receipt.model_or_runtime": (["receipt", "model_or_runtime"], "other-model", RECEIPT),
     "receipt.status": (["receipt", "status"], "failed", RECEIPT),
+    "receipt.status.cancelled": (["receipt", "status"], "cancelled", RECEIPT),
     "receipt.usage": (["receipt", "usage", "output_tokens"], 3, RECEIPT),
+    "receipt.usage_source": (["receipt", "usage_source"], "gateway", RECEIPT),
     "receipt.cost": (["receipt", "cost"], "0.000127", RECEIPT),
-    "receipt.request_sha256": (["receipt", "request_sha256"], flip_hex, RECEIPT),
-    "receipt.response_sha256": (["receipt", "response_sha256"], flip_hex, RECEIPT),
+    "receipt.request_commitment": (["receipt", "request_commitment"], flip_hex, RECEIPT),
+    "receipt.response_commitment": (["receipt", "response_commitment"], flip_hex, RECEIPT),
     "receipt_signature": (["receipt_signature"], flip_hex, ["receipt signature"]),
     "key_id": (["key_id"], "0123456789abcdef", ["key_id does not match", "different key_id"]),
     "leaf_index": (["leaf_index"], 5, ["inclusion proof"]),
@@ -104,10 +132,18 @@ TAMPERS = {
     "inclusion_proof.dropped": (["inclusion_proof"], lambda p: p[:-1], ["inclusion proof"]),
     "inclusion_proof.added": (["inclusion_proof"], lambda p: [*p, p[0]], ["inclusion proof"]),
 }
+# A version 1 receipt's own fields, and the ones it shares, in a log that also holds v2.
+TAMPERS_V1 = {
+    "receipt.request_sha256": (["receipt", "request_sha256"], flip_hex, RECEIPT),
+    "receipt.response_sha256": (["receipt", "response_sha256"], flip_hex, RECEIPT),
+    "receipt.cost": TAMPERS["receipt.cost"],
+    "receipt.usage": TAMPERS["receipt.usage"],
+    "leaf_index": (["leaf_index"], 3, ["inclusion proof"]),
+}
 
 
-def tampered(path: list, change) -> dict:
-    doc = copy.deepcopy(DOC)
+def tampered(path: list, change, original: dict = DOC) -> dict:
+    doc = copy.deepcopy(original)
     *parents, last = path
     target = functools.reduce(operator.getitem, parents, doc)
     before = target[last]
@@ -127,6 +163,15 @@ def test_every_document_of_the_log_verifies():
 @pytest.mark.parametrize(("path", "change", "expected"), TAMPERS.values(), ids=TAMPERS.keys())
 def test_changing_any_field_fails_verification(path, change, expected):
     result = verify_proof_document(tampered(path, change))
+    assert not result.ok
+    for fragment in expected:
+        assert any(fragment in reason for reason in result.reasons), result.reasons
+
+
+@pytest.mark.parametrize(("path", "change", "expected"), TAMPERS_V1.values(), ids=TAMPERS_V1.keys())
+def test_changing_any_field_of_a_version_1_receipt_fails_verification(path, change, expected):
+    assert "v" not in DOC_V1["receipt"]
+    result = verify_proof_document(tampered(path, change, DOC_V1))
     assert not result.ok
     for fragment in expected:
         assert any(fragment in reason for reason in result.reasons), result.reasons
@@ -184,7 +229,7 @@ def test_not_an_object_is_malformed():
 
 
 def test_canonical_bytes_are_sorted_compact_json():
-    receipt = make_receipt(0)
+    receipt = make_receipt_v1(0)
     assert canonical_bytes(receipt) == (
         b'{"cost":"0.000120","endpoint":"/v1/chat/completions","id":"rcpt_0000000000000000",'
         b'"issued_at":"2025-01-01T00:00:00.000000Z","kind":"inference",'
@@ -249,3 +294,79 @@ def test_load_document_from_a_url(server):
 def test_load_document_of_a_url_that_answers_404(server):
     with pytest.raises(DocumentError, match="404"):
         load_document(f"{server}/api/proofs/rcpt_missing")
+
+
+def test_a_version_2_receipt_commits_to_the_bodies_and_names_its_version():
+    receipt = make_receipt(0)
+    text = canonical_bytes(receipt)
+    assert text.endswith(b',"usage_source":"provider","v":2}')
+    # Neither plain digest is published: a short body could be guessed from it.
+    for body in (b"request 0", b"response 0"):
+        assert hashlib.sha256(body).hexdigest().encode() not in text
+    salt = b"salt %011d" % 0
+    assert receipt.request_commitment == hashlib.sha256(salt + b"request 0").hexdigest()
+    inner = hashlib.sha256(b"response 0").digest()
+    assert receipt.response_commitment == hashlib.sha256(salt + inner).hexdigest()
+
+
+VERSION_TRICKS = {
+    "v2 without v": lambda r: r.pop("v"),
+    "v 1": lambda r: r.update(v=1),
+    "v 3": lambda r: r.update(v=3),
+    "v string": lambda r: r.update(v="2"),
+    "v float": lambda r: r.update(v=2.0),
+    "v true": lambda r: r.update(v=True),
+    "v2 with a plain digest": lambda r: r.update(request_sha256="0" * 64),
+    "v2 without usage_source": lambda r: r.pop("usage_source"),
+    "usage_source other": lambda r: r.update(usage_source="upstream"),
+}
+
+
+@pytest.mark.parametrize("change", VERSION_TRICKS.values(), ids=VERSION_TRICKS.keys())
+def test_a_receipt_is_read_as_the_version_it_names_and_nothing_else(change):
+    doc = copy.deepcopy(DOC)
+    change(doc["receipt"])
+    result = verify_proof_document(doc)
+    assert not result.ok
+    assert result.reasons[0].startswith("malformed proof document"), result.reasons
+
+
+def test_a_version_1_receipt_claiming_version_2_is_malformed():
+    doc = copy.deepcopy(DOC_V1)
+    doc["receipt"]["v"] = 2
+    assert verify_proof_document(doc).reasons[0].startswith("malformed proof document")
+
+
+def test_a_version_2_receipt_rewritten_as_version_1_fails():
+    """A downgrade: the v2 leaf's fields rewritten in v1 form (plain digests) is well
+    formed, and signed by nobody."""
+    doc = copy.deepcopy(DOC)
+    receipt = doc["receipt"]
+    for name in ("v", "usage_source", "request_commitment", "response_commitment"):
+        receipt.pop(name)
+    receipt["request_sha256"] = hashlib.sha256(b"request 6").hexdigest()
+    receipt["response_sha256"] = hashlib.sha256(b"response 6").hexdigest()
+    result = verify_proof_document(doc, KEY.public_key)
+    assert set(result.reasons) == {
+        "the receipt signature is invalid",
+        "the inclusion proof does not lead from the receipt to the tree head root",
+    }
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "v1"
+
+
+def fixture_key() -> bytes:
+    seed = bytes.fromhex((FIXTURES / "signing-key").read_text().strip())
+    return SigningKey(Ed25519PrivateKey.from_private_bytes(seed)).public_key
+
+
+def test_a_proof_made_by_the_version_1_code_still_verifies():
+    doc = orjson.loads((FIXTURES / "v1_proof.json").read_bytes())
+    assert "v" not in doc["receipt"] and "request_sha256" in doc["receipt"]
+    result = verify_proof_document(doc, fixture_key())
+    assert result.ok, result.reasons
+    assert result.key_trusted
+    altered = copy.deepcopy(doc)
+    altered["receipt"]["request_sha256"] = flip_hex(altered["receipt"]["request_sha256"])
+    assert not verify_proof_document(altered, fixture_key()).ok

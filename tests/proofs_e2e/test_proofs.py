@@ -10,9 +10,9 @@ import secrets
 
 import pytest
 
-from gateway.proofs.merkle import verify_consistency
-from gateway.proofs.receipts import SignedTreeHead, tree_head_message
-from gateway.proofs.signing import key_id, verify_signature
+from model_gateway.gateway.proofs.log_key import key_id, verify_signature
+from model_gateway.gateway.proofs.merkle import verify_consistency
+from model_gateway.gateway.proofs.receipts import SignedTreeHead, tree_head_message
 from tests.proofs_e2e.conftest import chat, verify, wait_proof
 from tests.support.errors import assert_error
 from tests.support.http import bearer
@@ -32,7 +32,8 @@ def test_a_billed_chat_has_a_proof_that_gateway_verify_accepts(gateway, http, cu
     # The proof shows what the owner's receipt shows.
     owned = http.get(f"/v1/receipts/{receipt_id}", headers=bearer(customer.key)).json()
     assert owned["proof_url"] == f"/api/proofs/{receipt_id}"
-    for field in ("cost", "usage", "request_sha256", "response_sha256"):
+    assert doc["receipt"]["v"] == 2
+    for field in ("cost", "usage", "usage_source", "request_commitment", "response_commitment"):
         assert doc["receipt"][field] == owned[field]
     assert doc["receipt"]["issued_at"] == owned["created_at"]
 
@@ -129,7 +130,11 @@ def test_the_page_shows_the_bill_the_verdict_and_how_to_check(gateway, http, cus
     assert f"{doc['receipt']['cost']} USD" in page
     assert doc["receipt"]["issued_at"] in page
     assert "Verified:" in page
-    assert f"gateway verify {gateway.url}/api/proofs/{receipt_id}" in page
+    # No public_url configured: the command names the page, links are relative.
+    assert "gateway verify PAGE_URL" in page
+    assert f'href="/api/proofs/{receipt_id}"' in page
+    assert gateway.url not in page
+    assert doc["receipt"]["request_commitment"] in page
     assert doc["tree_head"]["root_hash"] in page
     assert doc["public_key"] in page
 

@@ -12,16 +12,16 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.proofs.merkle import MerkleTree
-from gateway.proofs.receipts import (
+from model_gateway.gateway.proofs.log_key import SigningKey
+from model_gateway.gateway.proofs.merkle import MerkleTree
+from model_gateway.gateway.proofs.receipts import (
     PublicReceipt,
     proof_document,
     receipt_leaf_hash,
     sign_receipt,
     sign_tree_head,
 )
-from gateway.proofs.signing import SigningKey
-from gateway.proofs.verify_cli import keys_url_for
+from model_gateway.gateway.proofs.verify_cli import keys_url_for
 from tests.proofs_e2e.conftest import chat, verify, wait_proof
 
 
@@ -57,10 +57,22 @@ TAMPERS = {
     "id": (("receipt", "id"), lambda v: "rcpt_someoneelse"),
     "usage": (("receipt", "usage"), lambda v: {k: n + 1 for k, n in v.items()}),
     "model": (("receipt", "model_or_runtime"), lambda v: "gpt-cheap"),
-    "request digest": (("receipt", "request_sha256"), flip),
+    "request commitment": (("receipt", "request_commitment"), flip),
+    "response commitment": (("receipt", "response_commitment"), flip),
+    "usage source": (
+        ("receipt", "usage_source"),
+        lambda v: "gateway" if v == "provider" else "provider",
+    ),
+    "version": (("receipt", "v"), lambda v: 1),
     "a hash in the path": (("inclusion_proof", 0), flip),
     "leaf index": (("leaf_index",), lambda v: v + 1),
-    "receipt signature": (("receipt_signature",), flip),
+    # New leaves carry no signature of their own: one slipped in must still be checked.
+    "receipt signature added": (("receipt_signature",), lambda v: "00" * 64),
+    "checkpoint size": (("checkpoint",), lambda v: v.replace(f"\n{v.split()[1]}\n", "\n1\n", 1)),
+    "checkpoint signature": (
+        ("checkpoint",),
+        lambda v: v[:-3] + ("A" if v[-3] != "A" else "B") + v[-2:],
+    ),
     "tree head root": (("tree_head", "root_hash"), flip),
     "tree head size": (("tree_head", "size"), lambda v: v + 1),
     "tree head time": (("tree_head", "timestamp"), lambda v: "2020-01-01T00:00:00.000000Z"),
@@ -74,7 +86,8 @@ def tampered(doc: dict, path: tuple, change) -> dict:
     parent = doc
     for step in path[:-1]:
         parent = operator.getitem(parent, step)
-    parent[path[-1]] = change(parent[path[-1]])
+    last = path[-1]
+    parent[last] = change(parent[last] if isinstance(parent, list) else parent.get(last))
     return doc
 
 
@@ -97,11 +110,17 @@ def test_an_altered_file_fails(tmp_path, proof, public_key, what):
 
 def test_the_text_output_lists_the_reasons(tmp_path, proof, public_key):
     doc = tampered(proof, ("receipt", "cost"), lambda v: "0.000000")
+    doc = tampered(doc, ("tree_head", "signature"), flip)
     code, _, output = verify(save(tmp_path, doc), "--key", public_key)
     assert code == 1
     assert output.startswith("FAILED")
-    assert "the receipt signature is invalid" in output
+    assert "the tree head signature is invalid" in output
     assert "the inclusion proof does not lead" in output
+
+
+def test_a_new_proof_is_proven_by_its_signed_head_and_checkpoint_alone(proof):
+    assert "receipt_signature" not in proof
+    assert proof["checkpoint"].startswith("gateway.local/log\n" + str(proof["tree_head"]["size"]))
 
 
 def test_a_file_without_a_key_is_consistent_but_never_trusted(tmp_path, proof):
@@ -180,10 +199,13 @@ def test_keys_are_fetched_from_the_same_origin(url, keys):
     assert keys_url_for(url) == keys
 
 
-def test_the_digest_fields_are_sha256_hex(proof):
-    # What the page tells a customer to compare their own bodies with.
-    for field in ("request_sha256", "response_sha256"):
+def test_the_commitment_fields_are_sha256_hex(proof):
+    # What the page tells a customer to open with their salts and bodies.
+    assert proof["receipt"]["v"] == 2
+    for field in ("request_commitment", "response_commitment"):
         assert len(bytes.fromhex(proof["receipt"][field])) == hashlib.sha256().digest_size
+    assert "request_sha256" not in proof["receipt"]
+    assert "response_sha256" not in proof["receipt"]
 
 
 def test_a_pending_answer_saved_to_a_file_is_reported_as_pending(tmp_path):

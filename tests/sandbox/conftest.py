@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from gateway.sandbox.isolation import SLOT_UID_BASE, Sandbox
+from model_gateway.gateway.sandbox.node.isolation import SLOT_UID_BASE, Sandbox
+from tests.sandbox_e2e.helpers import descendants
 from tests.support.processes import live_processes
 
 
@@ -22,17 +23,24 @@ def sandbox() -> Sandbox:
 def survivors():
     """Returns the live host processes of a slot's uid: none may outlive an execution.
 
-    Processes already killed may take a moment to finish exiting: a short grace.
+    Processes already killed may take a moment to finish exiting: a short grace. With
+    `under`, only that process's descendants count: other test runs on this host run
+    nodes with the same slot uids.
     """
 
-    def alive(slot: int, grace: float = 1.0) -> list[int]:
+    def alive(slot: int, grace: float = 1.0, under: int | None = None) -> list[int]:
         deadline = time.monotonic() + grace
-        while (found := _processes_of(SLOT_UID_BASE + slot)) and time.monotonic() < deadline:
+        while (found := _processes_of(SLOT_UID_BASE + slot, under)) and (
+            time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         return found
 
     return alive
 
 
-def _processes_of(uid: int) -> list[int]:
-    return live_processes(lambda found: found == uid)
+def _processes_of(uid: int, under: int | None) -> list[int]:
+    found = live_processes(lambda seen: seen == uid)
+    if under is None:
+        return found
+    return [pid for pid in found if pid in descendants(under)]

@@ -5,13 +5,21 @@ import os
 import socket
 import subprocess
 import textwrap
+import threading
+import time
 
 import pytest
 
-from gateway.sandbox import isolation
-from gateway.sandbox.cgroups import CgroupHost
-from gateway.sandbox.isolation import SLOT_UID_BASE, Job, Sandbox, SandboxBusy, SandboxUnavailable
-from gateway.sandbox.process import OUTPUT_CAP
+from model_gateway.gateway.sandbox.node import isolation
+from model_gateway.gateway.sandbox.node.cgroups import CgroupHost
+from model_gateway.gateway.sandbox.node.isolation import (
+    SLOT_UID_BASE,
+    Job,
+    Sandbox,
+    SandboxBusy,
+    SandboxUnavailable,
+)
+from model_gateway.gateway.sandbox.node.process import OUTPUT_CAP, StopSignal
 
 
 def run_python(sandbox: Sandbox, code: str, **limits) -> isolation.Result:
@@ -207,7 +215,7 @@ def test_process_count_is_capped(sandbox, survivors):
     )
     assert result.status == "completed"
     assert 0 < int(result.stdout) < isolation.PIDS_MAX
-    assert survivors(0) == []
+    assert survivors(0, under=os.getpid()) == []
 
 
 @pytest.mark.parametrize("cgroup_kill", [True, False], ids=["v2-kill", "v1-only"])
@@ -220,7 +228,7 @@ def test_fork_bomb_is_contained_and_cleaned_up(sandbox, survivors, monkeypatch, 
     )
     assert result.status in ("timed_out", "failed")
     assert result.duration_ms < 6000
-    assert survivors(0) == []
+    assert survivors(0, under=os.getpid()) == []
 
 
 def test_memory_hog_is_oom_killed(sandbox):
@@ -273,7 +281,7 @@ def test_timeout_kills_background_processes(sandbox, survivors):
     result = sandbox.run(Job("bash", code, timeout_s=1), slot=0)
     assert (result.status, result.stdout) == ("timed_out", "started\n")
     assert result.duration_ms < 3000
-    assert survivors(0) == []
+    assert survivors(0, under=os.getpid()) == []
 
 
 def test_background_processes_do_not_outlive_the_program(sandbox, survivors):
@@ -281,7 +289,7 @@ def test_background_processes_do_not_outlive_the_program(sandbox, survivors):
     result = sandbox.run(Job("bash", code, timeout_s=10), slot=0)
     assert (result.status, result.stdout) == ("completed", "done\n")
     assert result.duration_ms < 3000
-    assert survivors(0) == []
+    assert survivors(0, under=os.getpid()) == []
 
 
 def leftovers(sandbox: Sandbox, pid: int) -> list[str]:
@@ -332,3 +340,92 @@ def test_without_namespaces_the_node_refuses_unless_degraded(sandbox, monkeypatc
     assert (degraded.will_execute, degraded.report["degraded"]) == (True, True)
     result = degraded.run(Job("bash", "id -u"), slot=0)
     assert result.stdout == f"{SLOT_UID_BASE}\n"
+
+
+def test_only_unix_sockets_can_be_created(sandbox):
+    needs_seccomp()
+    result = run_python(
+        sandbox,
+        """
+        import errno, socket
+        families = {"AF_VSOCK": 40, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16,
+                    "AF_PACKET": 17, "AF_ALG": 38, "AF_TIPC": 30, "AF_KEY": 15, "AF_RDS": 21,
+                    "AF_BLUETOOTH": 31, "AF_XDP": 44, "AF_CAN": 29, "unassigned": 63}
+        for name, family in families.items():
+            try:
+                socket.socket(family, socket.SOCK_STREAM if name != "AF_ALG" else 5).close()
+                print(name, "created")
+            except OSError as exc:
+                print(name, errno.errorcode[exc.errno])
+        for name, make in [("socket", lambda: socket.socket(socket.AF_UNIX)),
+                           ("socketpair", lambda: socket.socketpair()[0])]:
+            make().close()
+            print("AF_UNIX", name, "ok")
+        try:
+            socket.socketpair(socket.AF_INET)
+        except OSError as exc:
+            print("socketpair AF_INET", errno.errorcode[exc.errno])
+        """,
+    )
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if not line.endswith("EAFNOSUPPORT")] == [
+        "AF_UNIX socket ok",
+        "AF_UNIX socketpair ok",
+    ], result.stdout + result.stderr
+    assert len(lines) == 16
+
+
+def test_only_the_runtimes_part_of_usr_is_visible(sandbox):
+    result = run_python(
+        sandbox,
+        """
+        import os
+        for path in ["/usr/local", "/usr/local/etc", "/usr/share", "/usr/include", "/usr/src",
+                     "/usr/sbin", "/usr/lib/systemd", "/usr/lib/node_modules", "/usr/games"]:
+            print(path, "visible" if os.path.exists(path) else "absent")
+        """,
+    )
+    assert result.status == "completed", result.stderr
+    assert "visible" not in result.stdout, result.stdout
+    # What the runtimes and the scripts they run need is still there.
+    shell = sandbox.run(Job("bash", "ls / >/dev/null && sleep 0 && echo ok"), slot=0)
+    assert (shell.status, shell.stdout) == ("completed", "ok\n"), shell.stderr
+
+
+def test_a_stop_request_ends_the_run_at_once(sandbox, survivors):
+    stop, stopped_at = StopSignal(), []
+
+    def stop_once_running() -> None:  # bash and its two sleeps, however loaded the host
+        deadline = time.monotonic() + 10
+        while len(survivors(0, grace=0, under=os.getpid())) < 3:
+            if time.monotonic() > deadline:
+                break  # stop anyway: the assertions below then say what went wrong
+            time.sleep(0.02)
+        stopped_at.append(time.monotonic())
+        stop.request()
+
+    stopper = threading.Thread(target=stop_once_running)
+    stopper.start()
+    try:
+        code = "sleep 1000 & setsid sleep 1000 & echo started; sleep 1000"
+        result = sandbox.run(Job("bash", code, timeout_s=30), slot=0, stop=stop)
+        returned_at = time.monotonic()
+    finally:
+        stopper.join()
+        stop.close()
+    assert result.status == "cancelled"
+    assert returned_at - stopped_at[0] < 2  # killed at the request, not at the deadline
+    assert 0 < result.duration_ms < 12_000
+    assert survivors(0, under=os.getpid()) == []
+
+
+def test_a_stop_requested_before_the_start_runs_nothing(sandbox):
+    stop = StopSignal()
+    try:
+        stop.request()
+        started = time.monotonic()
+        result = sandbox.run(Job("bash", "sleep 1000", timeout_s=20), slot=0, stop=stop)
+    finally:
+        stop.close()
+    assert result.status == "cancelled"
+    assert time.monotonic() - started < 2

@@ -13,14 +13,25 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.sandbox.client import NodeBusy, NodeError, execute_on_node
-from gateway.sandbox.isolation import Sandbox
-from gateway.sandbox.signing import NONCE_HEADER, SignatureError, Signer, load_or_create_secret
+from model_gateway.gateway.sandbox.client import (
+    NodeBusy,
+    NodeError,
+    execute_on_node,
+    stop_on_node,
+)
+from model_gateway.gateway.sandbox.node.isolation import Sandbox
+from model_gateway.gateway.sandbox.node.service import MAX_CODE_BYTES, MAX_STDIN_BYTES
+from model_gateway.gateway.sandbox.wire_auth import (
+    NONCE_HEADER,
+    SignatureError,
+    Signer,
+    load_shared_secret,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE = (
     "import asyncio, sys\n"
-    "from gateway.sandbox.node import serve_node\n"
+    "from model_gateway.gateway.sandbox.node.service import serve_node\n"
     "asyncio.run(serve_node('127.0.0.1', int(sys.argv[1]), sys.argv[2], max_concurrent=1))\n"
 )
 
@@ -29,7 +40,7 @@ SERVE = (
 def running_node(workdir: Path):
     """Starts `python -c ... serve_node(...)` on a free port; yields (process, url, secret)."""
     secret_file = workdir / "sandbox-secret"
-    secret = load_or_create_secret(secret_file)
+    secret = load_shared_secret(secret_file)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -59,10 +70,22 @@ def running_node(workdir: Path):
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    """(base url, secret) of a node running as a real process."""
-    with running_node(tmp_path_factory.mktemp("node")) as (_, url, secret):
-        yield url, secret
+def node_process(tmp_path_factory):
+    """(process, base url, secret) of a node running as a real process."""
+    with running_node(tmp_path_factory.mktemp("node")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def node(node_process):
+    """(base url, secret) of the node."""
+    return node_process[1], node_process[2]
+
+
+@pytest.fixture
+def ours(node_process, survivors):
+    """survivors(), counting only the processes of this module's node."""
+    return lambda grace=1.0: survivors(0, grace, under=node_process[0].pid)
 
 
 @pytest.fixture
@@ -151,7 +174,7 @@ async def test_invalid_job_gets_a_signed_400(node, session):
 
 
 async def test_oversized_body_is_refused(node, session):
-    status, _, _ = await post(session, node[0], b"x" * (2 << 20), {})
+    status, _, _ = await post(session, node[0], b"x" * (3 << 20), {})
     assert status == 413
 
 
@@ -177,14 +200,125 @@ async def test_a_crashing_node_takes_its_executions_with_it(tmp_path, session, s
         job = {"runtime": "bash", "code": "sleep 1000 & sleep 1000", "execution_id": "ex_9"}
         running = asyncio.create_task(execute_on_node(session, url, Signer(secret), job))
         deadline = time.monotonic() + 5
-        while not survivors(0, grace=0) and time.monotonic() < deadline:
+        # Its own: other test runs on this host use the same slot uids.
+        while len(survivors(0, grace=0, under=proc.pid)) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if not survivors(0, grace=0):
+        started = survivors(0, grace=0, under=proc.pid)
+        if not started:
             pytest.skip("the node did not start the execution (no isolation here?)")
         proc.kill()
         with pytest.raises(NodeError, match="unreachable"):
             await running
-    assert survivors(0) == []
+    deadline = time.monotonic() + 1
+    while set(started) & set(survivors(0, grace=0)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert set(started) & set(survivors(0, grace=0)) == set()
     # What the dead node could not clean up goes when a node starts again.
     restarted = Sandbox(max_concurrent=1)
     assert [n for n in restarted._cgroups.names() if n.startswith(f"{proc.pid}-")] == []
+
+
+async def test_every_refusal_is_signed_and_bound_to_its_request(node, session):
+    url, secret = node
+    signer = Signer(secret)
+    oversized = b"x" * (3 << 20)
+    headers = signer.sign_request(oversized)
+    status, answer_headers, raw = await post(session, url, oversized, headers)
+    assert status == 413
+    signer.verify_response(answer_headers, raw, headers[NONCE_HEADER])
+    stale = Signer(secret, clock=lambda: time.time() - 300)
+    body = orjson.dumps({"runtime": "bash", "code": "echo hi", "execution_id": "ex_10"})
+    headers = stale.sign_request(body)
+    status, answer_headers, raw = await post(session, url, body, headers)
+    assert (status, orjson.loads(raw)["error"]["type"]) == (401, "unauthorized")
+    signer.verify_response(answer_headers, raw, headers[NONCE_HEADER])
+
+
+async def test_largest_job_with_the_worst_json_escaping_runs(node, session, executing):
+    url, secret = node
+    head = "import sys\nd = sys.stdin.read()\nprint(len(d), set(d) == {chr(1)})\n#"
+    code = head + "\x1f" * (MAX_CODE_BYTES - len(head))
+    stdin = "\x01" * MAX_STDIN_BYTES
+    job = {"runtime": "python", "code": code, "stdin": stdin, "execution_id": "ex_11"}
+    assert len(orjson.dumps(job)) > 2 << 20  # twice the node's old cap
+    result = await execute_on_node(session, url, Signer(secret), job)
+    assert (result["status"], result["stdout"]) == ("completed", f"{MAX_STDIN_BYTES} True\n")
+
+
+async def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, session):
+    body = orjson.dumps({"runtime": "bash", "code": "echo replayed", "execution_id": "ex_12"})
+    with running_node(tmp_path) as (_, url, secret):
+        captured = Signer(secret).sign_request(body)
+        first = await post(session, url, body, captured)
+        assert first[0] in (200, 500)  # 500: the host refuses to execute; still accepted
+    with running_node(tmp_path) as (_, url, secret):  # same secret file, new process
+        status, headers, raw = await post(session, url, body, captured)
+        assert status == 401, raw
+        assert (
+            orjson.loads(raw)["error"]["message"] == "request timestamped before this node started"
+        )
+        Signer(secret).verify_response(headers, raw, captured[NONCE_HEADER])
+        # A request signed now is accepted at once.
+        assert (await post(session, url, body, Signer(secret).sign_request(body)))[0] != 401
+
+
+async def wait_until_running(ours) -> None:
+    deadline = time.monotonic() + 10
+    while not ours(grace=0):
+        assert time.monotonic() < deadline, "the execution did not start"
+        await asyncio.sleep(0.02)
+
+
+async def wait_until_gone(ours, bound_s: float) -> float:
+    started = time.monotonic()
+    while ours(grace=0):
+        assert time.monotonic() - started < bound_s, "the execution's processes survived"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def test_stop_ends_a_running_execution_and_reports_the_time_it_ran(
+    node, session, executing, ours
+):
+    url, secret = node
+    signer = Signer(secret)
+    job = {"runtime": "bash", "code": "sleep 1000 & sleep 1000", "execution_id": "ex_13"}
+    job["timeout_s"] = 60
+    running = asyncio.create_task(execute_on_node(session, url, signer, job))
+    await wait_until_running(ours)
+    await asyncio.sleep(0.5)
+    assert await stop_on_node(session, url, signer, "ex_13") == "stopping"
+    result = await asyncio.wait_for(running, 5)
+    assert result["status"] == "cancelled"
+    assert 500 <= result["duration_ms"] < 5000
+    assert ours() == []
+
+
+async def test_a_closed_connection_stops_its_execution(node, session, executing, ours):
+    url, secret = node
+    signer = Signer(secret)
+    job = {"runtime": "bash", "code": "sleep 1000", "execution_id": "ex_14", "timeout_s": 60}
+    running = asyncio.create_task(execute_on_node(session, url, signer, job))
+    await wait_until_running(ours)
+    running.cancel()  # aiohttp closes the connection of a request it abandons
+    await wait_until_gone(ours, bound_s=3)
+    # The node's slot is free again: the next execution is not refused as busy.
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            job = {"runtime": "bash", "code": "echo next", "execution_id": "ex_15"}
+            result = await execute_on_node(session, url, signer, job)
+            break
+        except NodeBusy:
+            assert time.monotonic() < deadline, "the slot was not freed"
+            await asyncio.sleep(0.05)
+    assert result["stdout"] == "next\n"
+
+
+async def test_a_stop_that_overtakes_its_job_wins(node, session, executing):
+    url, secret = node
+    signer = Signer(secret)
+    assert await stop_on_node(session, url, signer, "ex_16") == "not_running"
+    job = {"runtime": "bash", "code": "sleep 1000", "execution_id": "ex_16", "timeout_s": 60}
+    result = await asyncio.wait_for(execute_on_node(session, url, signer, job), 5)
+    assert result["status"] == "cancelled"

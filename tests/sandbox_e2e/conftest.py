@@ -7,26 +7,20 @@ import contextlib
 
 import pytest
 
-from tests.sandbox_e2e.helpers import NodeProcess, sandbox_config
+from tests.sandbox_e2e.helpers import NodeProcess, executing_node, running_node, sandbox_config
 from tests.support.gateway_process import GatewayProcess
 
 
 @pytest.fixture(scope="session")
 def node(tmp_path_factory):
     """One real node with a single slot, shared by the execution tests."""
-    process = NodeProcess(tmp_path_factory.mktemp("node"), max_concurrent=1).start()
-    try:
+    with running_node(tmp_path_factory.mktemp("node"), 1) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="session")
 def executing(node) -> NodeProcess:
-    """The node, when this host lets it execute code (root, namespaces, uid switch)."""
-    if not node.isolation.get("will_execute"):
-        pytest.skip(f"the node refuses to execute here: {node.isolation.get('refusal')}")
-    return node
+    return executing_node(node)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.gateway_process import GATEWAY, GatewayProcess, free_port
 from tests.support.processes import live_processes
@@ -82,6 +83,23 @@ class NodeProcess:
             self.process.wait()
 
 
+@contextlib.contextmanager
+def running_node(folder: Path, slots: int):
+    """A started node, stopped on exit."""
+    process = NodeProcess(folder, max_concurrent=slots).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def executing_node(node: NodeProcess) -> NodeProcess:
+    """The node, when this host lets it execute code (root, namespaces, uid switch)."""
+    if not node.isolation.get("will_execute"):
+        pytest.skip(f"the node refuses to execute here: {node.isolation.get('refusal')}")
+    return node
+
+
 class Tenant:
     """A project with credit, a sandboxes key, and helpers to look at its account."""
 
@@ -126,3 +144,31 @@ def expected_cost(duration_ms: int) -> Decimal:
 def slot_processes() -> list[int]:
     """Live host processes running as any slot uid (20000 + slot)."""
     return live_processes(lambda uid: SLOT_UID_BASE <= uid < SLOT_UID_BASE + 64)
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root` in the process tree (orphans of a subreaper included)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def node_slot_processes(node_pid: int) -> list[int]:
+    """Live processes run by this node's slots: other test runs on the host use the same
+    slot uids, so only the node's descendants count."""
+    below = descendants(node_pid)
+    return [pid for pid in slot_processes() if pid in below]

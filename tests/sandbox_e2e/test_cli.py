@@ -42,4 +42,6 @@ def test_unknown_runtime_is_refused(gateway):
     done = gateway.cli(
         "sandboxes", "create", "--project", "prj_x", "--runtime", "ruby", check=False
     )
-    assert done["exit_code"] == 2  # argparse: the choices are listed in its message
+    # With --json an argument error is the error object; argparse lists the choices.
+    assert done["error"]["type"] == "invalid_request"
+    assert "python" in done["error"]["message"] and "ruby" in done["error"]["message"]

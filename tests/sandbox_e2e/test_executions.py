@@ -11,9 +11,15 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from tests.sandbox_e2e.helpers import Tenant, expected_cost, sandbox_config, slot_processes
+from tests.sandbox_e2e.helpers import (
+    Tenant,
+    expected_cost,
+    node_slot_processes,
+    sandbox_config,
+)
 
 MAX_CODE = 100 * 1024
+MAX_STDIN = 256 * 1024
 PER_TIMEOUT_1S = expected_cost(1000)
 
 
@@ -73,7 +79,7 @@ def test_nonzero_exit_is_billed_and_receipted_as_failed(tenant, client):
     assert tenant.account() == (before - cost, 0)
 
 
-def test_timeout_is_billed_and_leaves_no_process(tenant, client):
+def test_timeout_is_billed_and_leaves_no_process(tenant, client, executing):
     sandbox = tenant.sandbox("python", "--timeout-s", "1")
     before, _ = tenant.account()
     # Children in their own sessions: a process-group kill alone would miss them.
@@ -99,10 +105,11 @@ def test_timeout_is_billed_and_leaves_no_process(tenant, client):
     cost = Decimal(receipt["cost"])
     assert cost == PER_TIMEOUT_1S  # the time over the limit is never billed
     assert tenant.account() == (before - cost, 0)
+    # This node's: other test runs on this host use the same slot uids.
     deadline = time.monotonic() + 2
-    while slot_processes() and time.monotonic() < deadline:
+    while node_slot_processes(executing.process.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert slot_processes() == []
+    assert node_slot_processes(executing.process.pid) == []
 
 
 def test_code_of_exactly_100_kib_runs(tenant, client):
@@ -112,6 +119,16 @@ def test_code_of_exactly_100_kib_runs(tenant, client):
     answer = tenant.execute(client, sandbox_id=sandbox, runtime="python", code=code)
     assert answer.status_code == 200, answer.text
     assert answer.json()["stdout"] == "ok\n"
+
+
+def test_stdin_of_control_characters_runs(tenant, client):
+    """200 KB of control characters: six times that once JSON-escaped for the node."""
+    sandbox = tenant.sandbox("python")
+    code = "import sys\nd = sys.stdin.read()\nprint(len(d), set(d) == {chr(1)})"
+    stdin = "\x01" * 200_000
+    answer = tenant.execute(client, sandbox_id=sandbox, runtime="python", code=code, stdin=stdin)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["stdout"] == "200000 True\n"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +141,7 @@ def foreign_sandbox(sandbox_gateway) -> str:
     [
         ("runtime_mismatch", 400, "invalid_request", "runtime"),
         ("code_too_large", 400, "invalid_request", "code"),
+        ("stdin_too_large", 400, "invalid_request", "stdin"),
         ("unknown_runtime", 400, "invalid_request", "runtime"),
         ("missing_code", 400, "invalid_request", "code"),
         ("unknown_sandbox", 404, "not_found", "sandbox_id"),
@@ -137,6 +155,8 @@ def test_refused_requests_cost_nothing(tenant, client, foreign_sandbox, case, st
         body["runtime"] = "node"
     elif case == "code_too_large":
         body["code"] = "#" * (MAX_CODE + 1)
+    elif case == "stdin_too_large":
+        body["stdin"] = "é" * (MAX_STDIN // 2) + "x"  # 128 Ki characters, 256 KiB + 1 of UTF-8
     elif case == "unknown_runtime":
         body["runtime"] = "ruby"
     elif case == "missing_code":

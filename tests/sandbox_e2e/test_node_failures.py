@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.sandbox.signing import NONCE_HEADER, Signer, load_or_create_secret
+from model_gateway.gateway.sandbox.wire_auth import NONCE_HEADER, Signer, load_shared_secret
 from tests.sandbox_e2e.helpers import Tenant, sandbox_config
 from tests.support.gateway_process import free_port
 
@@ -64,7 +64,7 @@ class FakeNode:
 @pytest.fixture(scope="module")
 def fake_node(tmp_path_factory):
     secret_file = tmp_path_factory.mktemp("fake-node") / "sandbox-secret"
-    fake = FakeNode(load_or_create_secret(secret_file))
+    fake = FakeNode(load_shared_secret(secret_file))
     fake.secret_file = secret_file
     yield fake
     fake.server.shutdown()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gateway.pricing import SandboxPricing
-from storage import SandboxRecord
+from model_gateway.gateway.pricing import SandboxPricing
+from model_gateway.pipeline.context import Billing, RequestContext
+from model_gateway.storage import SandboxRecord
 
 PRICING = SandboxPricing(per_execution=100, per_second=333)
 
@@ -16,8 +17,9 @@ def ctx(timeout_s: int | None, duration_ms: int = 0):
         sandbox = SandboxRecord(
             id="sbx_1", project_id="prj_1", runtime="python", timeout_s=timeout_s, memory_mb=256
         )
-    payload = SimpleNamespace(runtime="python", sandbox=sandbox)
-    return SimpleNamespace(payload=payload, usage={"duration_ms": duration_ms})
+    context = RequestContext("req_test", payload=SimpleNamespace(runtime="python", sandbox=sandbox))
+    context.billing = Billing("succeeded", {"duration_ms": duration_ms})
+    return context
 
 
 def test_hold_covers_the_whole_timeout():

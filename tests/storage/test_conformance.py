@@ -1,18 +1,14 @@
 """One suite for every storage backend, chosen by URL. A backend that needs a server is
-marked, and skipped only when that server is truly absent (nothing listens)."""
+marked, and skipped only when that server is truly absent (nothing listens), never in CI."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import socket
-from urllib.parse import urlsplit
 
 import pytest
 
-from storage import BACKENDS as REGISTERED
-from storage import open_storage
-from storage.base import (
+from model_gateway.storage import open_storage
+from model_gateway.storage.base import (
     KeyRecord,
     ProjectRecord,
     RecordNotFound,
@@ -22,38 +18,12 @@ from storage.base import (
     now_s,
 )
 
-POSTGRES_URL = os.environ.get(
-    "GATEWAY_TEST_POSTGRES_URL", "postgresql://gateway@127.0.0.1:5432/gateway_test"
-)
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-]
-
-
-def _listening(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5432), 1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/conformance.db"
-    if request.param not in REGISTERED:
-        # Listed ahead of its backend: it runs as soon as storage.BACKENDS names one.
-        pytest.skip(f"no {request.param} backend in storage.BACKENDS yet")
-    if not _listening(POSTGRES_URL):
-        pytest.skip(
-            f"no PostgreSQL server at {urlsplit(POSTGRES_URL).netloc}"
-            " (set GATEWAY_TEST_POSTGRES_URL)"
-        )
-    return POSTGRES_URL  # tests use fresh ids: they never assume an empty database
+@pytest.fixture
+def url(storage_url) -> str:
+    """Each backend in turn (tests/storage/backends.py); tests use fresh ids, so they never
+    assume an empty database."""
+    return storage_url
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import asyncio
 import sqlite3
 import time
 
-from storage import ProjectRecord, ReservationRecord, open_storage
+from model_gateway.storage import ProjectRecord, ReservationRecord, open_storage
 
 
 def hold(i: int) -> ReservationRecord:

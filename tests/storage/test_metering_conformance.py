@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
-from storage import LimitReached, ProjectRecord, ReceiptRecord, ReservationRecord, open_storage
-from storage.base import KeyRecord
+from model_gateway.storage import (
+    LimitReached,
+    ProjectRecord,
+    ReceiptRecord,
+    RecordNotFound,
+    ReservationRecord,
+    StorageError,
+    open_storage,
+)
+from model_gateway.storage.base import KeyRecord
 
 MONTH = "2026-11"
 _ids = itertools.count()
 
 
-@pytest.fixture(params=["sqlite"])
-async def storage(request, tmp_path):
-    backend = await open_storage(f"sqlite:///{tmp_path / 'metering.db'}")
+@pytest.fixture
+async def storage(storage_url):
+    """Each backend in turn (tests/storage/backends.py)."""
+    backend = await open_storage(storage_url)
     yield backend
     await backend.close()
 
@@ -144,11 +154,59 @@ async def test_abandoned_holds_are_released(storage):
     assert await storage.release_abandoned(lambda owner: True) == 1  # its lease ran out
 
 
-async def test_receipt_round_trips(storage):
+@pytest.mark.parametrize("status", ["succeeded", "failed", "cancelled"])
+async def test_receipt_round_trips(storage, status):
     pid, kid = await project(storage, credit=1_000)
     r = hold(pid, kid, 100)
     await storage.reserve(r)
-    issued = receipt(r, 42)
-    await storage.settle(issued)
+    issued = msgspec.structs.replace(receipt(r, 42), status=status)
+    assert await storage.settle(issued)
     assert await storage.get_receipt(issued.id) == issued
     assert await storage.get_receipt("rcpt_missing") is None
+
+
+async def test_unknown_records_in_money_calls(storage):
+    with pytest.raises(RecordNotFound):
+        await storage.add_credit("prj_missing", 10, MONTH)
+    with pytest.raises(RecordNotFound):
+        await storage.project_account("prj_missing", MONTH)
+    with pytest.raises(RecordNotFound):
+        await storage.audit("prj_missing", MONTH)
+    assert await storage.key_month_spend("key_missing", MONTH) == 0
+    with pytest.raises(StorageError):
+        await storage.reserve(hold("prj_missing", None, 1))
+
+
+async def test_a_negative_credit_is_refused(storage):
+    pid, _ = await project(storage, credit=100)
+    with pytest.raises(StorageError):
+        await storage.add_credit(pid, -50, MONTH)
+    assert (await storage.audit(pid, MONTH)).balance == 100
+
+
+async def test_a_receipt_settles_only_its_own_projects_hold(storage):
+    pid, kid = await project(storage, credit=1_000)
+    other, _ = await project(storage, credit=1_000)
+    r = hold(pid, kid, 100)
+    await storage.reserve(r)
+    stray = receipt(r, 10)
+    stray.project_id = other
+    assert not await storage.settle(stray)
+    assert (await storage.project_account(pid, MONTH)).reserved == 100
+    assert (await storage.project_account(other, MONTH)).balance == 1_000
+
+
+async def test_a_receipt_id_is_used_once(storage):
+    pid, kid = await project(storage, credit=1_000)
+    first, second = hold(pid, kid, 100), hold(pid, kid, 100)
+    await storage.reserve(first)
+    await storage.reserve(second)
+    issued = receipt(first, 30)
+    assert await storage.settle(issued)
+    again = receipt(second, 30)
+    again.id = issued.id
+    with pytest.raises(StorageError):
+        await storage.settle(again)
+    # Nothing of the refused settlement was written: its hold is still open.
+    audit = await storage.audit(pid, MONTH)
+    assert (audit.balance, audit.reserved, audit.month_spend) == (970, 100, 30)

@@ -10,11 +10,8 @@ from typing import Any
 import httpx
 import orjson
 
-# `gateway` first: importing `pipeline` before it hits a circular import
-# (pipeline/__init__ -> stage -> gateway/__init__ -> gateway.app -> pipeline).
-import gateway  # noqa: F401
-from pipeline.context import STATE_KEY, RequestContext
-from pipeline.request_id import new_request_id
+from model_gateway.pipeline.context import STATE_KEY, RequestContext
+from model_gateway.pipeline.request_id import new_request_id
 
 
 def _bytes(value: str | bytes) -> bytes:

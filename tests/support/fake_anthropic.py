@@ -12,10 +12,12 @@ from aiohttp import web
 
 from tests.support.fake_upstream import (
     INPUT_TOKENS,
+    MALFORMED,
     OUTPUT_TOKENS,
     REPLY_PIECES,
     FakeUpstream,
     sse,
+    usage_for,
 )
 
 TOOL_INPUT_PARTS = ['{"city":', ' "Paris"}']
@@ -71,7 +73,7 @@ class FakeAnthropic(FakeUpstream):
         if early is not None:
             return early
         pieces, stop_reason, tool = _reply(body)
-        usage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
+        usage = usage_for(model, {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS})
         if not body.get("stream"):
             content = [{"type": "text", "text": "".join(pieces)}]
             if tool:
@@ -81,14 +83,12 @@ class FakeAnthropic(FakeUpstream):
                 "type": "message",
                 "role": "assistant",
                 "model": model,
-                "content": content,
+                "content": "not a list" if model == MALFORMED else content,
                 "stop_reason": stop_reason,
                 "stop_sequence": None,
                 "usage": usage,
             }
-            if model == "cut-mid-stream":
-                return await self.cut_body(request, message)
-            return web.json_response(message)
+            return await self.answer(request, model, message)
 
         def event(name: str, **fields) -> bytes:
             return sse({"type": name, **fields}, event=name)
@@ -100,13 +100,17 @@ class FakeAnthropic(FakeUpstream):
             "model": model,
             "content": [],
             "stop_reason": None,
-            "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1},
+            "usage": usage_for(model, {"input_tokens": INPUT_TOKENS, "output_tokens": 1}),
         }
         events = [
             event("message_start", message=start),
             event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
             *[
-                event("content_block_delta", index=0, delta={"type": "text_delta", "text": p})
+                event(
+                    "content_block_delta",
+                    index=0,
+                    delta="x" if model == MALFORMED else {"type": "text_delta", "text": p},
+                )
                 for p in pieces
             ],
             event("ping"),
@@ -125,7 +129,7 @@ class FakeAnthropic(FakeUpstream):
                 for part in TOOL_INPUT_PARTS
             ]
             events.append(event("content_block_stop", index=1))
-        delta_usage = {"output_tokens": OUTPUT_TOKENS}
+        delta_usage = usage_for(model, {"output_tokens": OUTPUT_TOKENS})
         events += [
             event("message_delta", delta={"stop_reason": stop_reason}, usage=delta_usage),
             event("message_stop"),

@@ -12,22 +12,25 @@ from aiohttp import web
 
 from tests.support.fake_upstream import (
     INPUT_TOKENS,
+    MALFORMED,
     OUTPUT_TOKENS,
     REPLY,
     REPLY_PIECES,
     FakeUpstream,
     sse,
+    usage_for,
 )
 
 TOOL_ARGUMENTS = ['{"city":', ' "Paris"}']
 
 
-def _chat_usage() -> dict:
-    return {
+def _chat_usage(model: str) -> dict:
+    usage = {
         "prompt_tokens": INPUT_TOKENS,
         "completion_tokens": OUTPUT_TOKENS,
         "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
     }
+    return usage_for(model, usage)
 
 
 def _reply(body: dict) -> tuple[list[str], str, dict | None]:
@@ -82,16 +85,20 @@ class FakeOpenAI(FakeUpstream):
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": "not a message" if model == MALFORMED else message,
+                        "finish_reason": finish,
+                    }
+                ],
             }
             if model != "no-usage":
-                payload["usage"] = _chat_usage()
-            if model == "cut-mid-stream":
-                return await self.cut_body(request, payload)
-            return web.json_response(payload)
+                payload["usage"] = _chat_usage(model)
+            return await self.answer(request, model, payload)
         include_usage = (body.get("stream_options") or {}).get("include_usage")
 
-        def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+        def chunk(delta: dict | str, finish_reason: str | None = None) -> bytes:
             payload = {
                 "id": "chatcmpl-fake",
                 "object": "chat.completion.chunk",
@@ -111,11 +118,12 @@ class FakeOpenAI(FakeUpstream):
                 events.append(
                     chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
                 )
-        events += [chunk({"content": piece}) for piece in pieces]
+        for piece in pieces:
+            events.append(chunk("not a delta" if model == MALFORMED else {"content": piece}))
         events.append(chunk({}, finish))
         if include_usage and model != "no-usage":
             usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model}
-            events.append(sse({**usage, "choices": [], "usage": _chat_usage()}))
+            events.append(sse({**usage, "choices": [], "usage": _chat_usage(model)}))
         events.append(b"data: [DONE]\n\n")
         return await self.stream(request, model, events, text_from=1)
 
@@ -145,16 +153,14 @@ class FakeOpenAI(FakeUpstream):
             "created_at": int(time.time()),
             "status": "completed",
             "model": model,
-            "output": [item],
+            "output": ["not an item"] if model == MALFORMED else [item],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
-            "usage": None if model == "no-usage" else usage,
+            "usage": None if model == "no-usage" else usage_for(model, usage),
         }
         if not body.get("stream"):
-            if model == "cut-mid-stream":
-                return await self.cut_body(request, response)
-            return web.json_response(response)
+            return await self.answer(request, model, response)
         sequence = iter(range(1000))
 
         def event(name: str, **fields) -> bytes:
@@ -172,7 +178,13 @@ class FakeOpenAI(FakeUpstream):
             ),
             event("response.content_part.added", **common, part={**part, "text": ""}),
             *[
-                event("response.output_text.delta", **common, delta=piece, logprobs=[])
+                event(
+                    "response.output_text.delta",
+                    **common,
+                    delta=piece,
+                    logprobs=[],
+                    **({"response": "x"} if model == MALFORMED else {}),
+                )
                 for piece in REPLY_PIECES
             ],
             event("response.output_text.done", **common, text=REPLY, logprobs=[]),

@@ -8,6 +8,11 @@ The fault is chosen by the requested upstream model name:
 |------------------------|---------------------------------|-------------------------------|
 | fault-400              | 400 with SECRET in the body     | the same                      |
 | fault-500              | 500 with SECRET in the body     | the same                      |
+| fault-NNN (401,429,503)| NNN with SECRET in the body     | the same                      |
+| stale-keepalive        | on a kept-alive connection that | the same                      |
+|                        | served before: closed, nothing  |                               |
+|                        | sent (a stale pooled one); on a |                               |
+|                        | new connection: normal          |                               |
 | fail-before-first-byte | connection closed, nothing sent | the same                      |
 | slow                   | answers after SLOW_S            | headers after SLOW_S          |
 | cut-mid-stream         | half the body, then cut         | three text events, then cut   |
@@ -17,6 +22,19 @@ The fault is chosen by the requested upstream model name:
 | tool-call              | calls the request's first tool  | the same, streamed            |
 | length                 | stops at the output limit       | the same                      |
 | redirect               | 307 to /stolen on this server   | the same                      |
+| stall-after-accept     | 200 and its headers, then hangs | first event, then hangs       |
+| stall-before-first     | normal                          | 200 and headers, then hangs   |
+| usage-negative         | every usage count -7            | the same                      |
+| usage-string           | every usage count "11"          | the same                      |
+| usage-float            | every usage count 11.5          | the same                      |
+| usage-null             | every usage count null          | the same                      |
+| usage-bool             | every usage count true          | the same                      |
+| usage-huge             | every usage count 2**63         | the same                      |
+| usage-not-object       | usage is a string               | the same                      |
+| malformed-shape        | the message (output, content)   | text events' delta (or        |
+|                        | is not an object/list           | response) of the wrong type   |
+
+Hanging answers record the moment the gateway closed the connection in `disconnected`.
 """
 
 from __future__ import annotations
@@ -29,12 +47,39 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+REUSED = web.RequestKey("reused", bool)
 SECRET = "UPSTREAM-BODY-SECRET-5d1c7e"  # in every upstream error body: must never leak
 REPLY_PIECES = ["Hello", " from", " the", " fake", " upstream."]
 REPLY = "".join(REPLY_PIECES)
 INPUT_TOKENS, OUTPUT_TOKENS = 11, 5  # the usage every fake reports
 SLOW_S = 3.0
 PAUSE_S = 1.0
+
+# The value every usage count becomes, per broken-usage mode (2**63 is an integer to any
+# JSON reader, though no plausible count).
+BROKEN_COUNTS = {
+    "usage-negative": -7,
+    "usage-string": "11",
+    "usage-float": 11.5,
+    "usage-null": None,
+    "usage-bool": True,
+    "usage-huge": 2**63,
+}
+BROKEN_USAGE_MODES = [*BROKEN_COUNTS, "usage-not-object"]
+MALFORMED = "malformed-shape"  # what the gateway reads of an answer, in a wrong type
+_COUNT_KEYS = frozenset(
+    {"prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"}
+)
+
+
+def usage_for(model: str, usage: dict | None):
+    """The usage an upstream in mode `model` reports instead of `usage`."""
+    if usage is None or model not in BROKEN_USAGE_MODES:
+        return usage
+    if model == "usage-not-object":
+        return "lots"
+    bad = BROKEN_COUNTS[model]
+    return {key: bad if key in _COUNT_KEYS else value for key, value in usage.items()}
 
 
 @dataclass
@@ -51,6 +96,11 @@ class FakeUpstream:
     requests: list[Recorded] = field(default_factory=list)
     # model -> monotonic time at which the gateway closed that model's connection
     disconnected: dict[str, float] = field(default_factory=dict)
+    # stale-keepalive: requests met by a closed connection
+    stale_closed: int = 0
+    # Connections (aiohttp's per-connection handlers) that served a request: kept for
+    # the fake's life, a few per test session.
+    _served: set = field(default_factory=set)
 
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
@@ -97,6 +147,10 @@ class FakeUpstream:
         body = orjson.loads(await request.read())
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append(Recorded(request.path, headers, body))
+        # Whether this connection served a request before (stale-keepalive reads it).
+        protocol = request.protocol
+        request[REUSED] = protocol in self._served
+        self._served.add(protocol)
         return body
 
     def sent(self, *, model: str | None = None, marker: str | None = None) -> list[Recorded]:
@@ -110,10 +164,14 @@ class FakeUpstream:
 
     async def before_answer(self, request: web.Request, model: str) -> web.StreamResponse | None:
         """The faults that look the same whatever the API: an error, silence, slowness."""
-        if model in ("fault-400", "fault-500"):
-            status = int(model[-3:])
+        if model.startswith("fault-") and model[6:].isdigit():
+            status = int(model[6:])
             error = {"type": "invalid_request_error", "message": f"rejected: {SECRET}"}
             return web.json_response({"type": "error", "error": error}, status=status)
+        if model == "stale-keepalive" and request[REUSED]:
+            self.stale_closed += 1
+            request.transport.close()
+            await self.hang(request, model)
         if model == "fail-before-first-byte":
             request.transport.abort()
             await self.hang(request, model)
@@ -139,6 +197,24 @@ class FakeUpstream:
         finally:
             self.disconnected[model] = time.monotonic()
 
+    async def answer(self, request: web.Request, model: str, payload: dict) -> web.StreamResponse:
+        """A whole (non-streamed) answer, with the faults that strike its body."""
+        if model == "cut-mid-stream":
+            return await self.cut_body(request, payload)
+        if model == "stall-after-accept":
+            return await self.stall_body(request, model, payload)
+        return web.json_response(payload)
+
+    async def stall_body(
+        self, request: web.Request, model: str, payload: dict
+    ) -> web.StreamResponse:
+        """200 and headers promising the body: the upstream has accepted. Then nothing."""
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.content_length = len(orjson.dumps(payload))
+        await response.prepare(request)
+        await self.hang(request, model)
+        return response
+
     async def cut_body(self, request: web.Request, payload: dict) -> web.StreamResponse:
         """Headers promising the whole JSON body, half of it, then the connection cut."""
         raw = orjson.dumps(payload)
@@ -160,11 +236,15 @@ class FakeUpstream:
         """
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
+        if model == "stall-before-first":
+            await self.hang(request, model)
         try:
             for i, event in enumerate(events):
                 await response.write(event)
                 if model == "slow-stream" and i == 0:
                     await asyncio.sleep(PAUSE_S)
+                if model == "stall-after-accept" and i == 0:
+                    await self.hang(request, model)
                 if model == "hang-stream" and i == text_from + 1:
                     await self.hang(request, model)
                 if model == "cut-mid-stream" and i == text_from + 2:

@@ -22,6 +22,7 @@ host = "127.0.0.1"
 port = {port}
 environment = "{environment}"
 cors_origins = {cors_origins}
+{server_extra}
 
 [storage]
 url = "sqlite:///data/gateway.db"
@@ -52,6 +53,13 @@ upstream = "echo-notools"
 input_price_per_mtok = "0.50"
 output_price_per_mtok = "1.50"
 supports_tools = false
+max_output_tokens = 1024
+
+[models."org/echo-2"]
+provider = "local"
+upstream = "echo-1"
+input_price_per_mtok = "0.50"
+output_price_per_mtok = "1.50"
 max_output_tokens = 1024
 
 [models."echo-off"]
@@ -85,6 +93,7 @@ class GatewayProcess:
         gateway_timeout_s: float = 120,
         default_rpm: int = 100_000,
         env: dict[str, str] | None = None,
+        server_extra: str = "",
     ) -> None:
         self.folder = folder
         self.port = free_port()
@@ -98,6 +107,7 @@ class GatewayProcess:
                 cors_origins=json.dumps(cors_origins or []),
                 gateway_timeout_s=gateway_timeout_s,
                 default_rpm=default_rpm,
+                server_extra=server_extra,
             )
             + extra_config
         )

@@ -40,6 +40,11 @@ max_output_tokens = {max_output_tokens}
 """
 
 
+# Gateways that fail the same providers on purpose, over and over: a breaker that opened
+# would turn the failures under test into 503s (tests/inference/test_fallbacks.py tests it).
+NO_BREAKER = "\n[routing]\nbreaker_failures = 1000000\n"
+
+
 def inference_config(openai_url: str, anthropic_url: str) -> str:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     config = f"""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway import keys
-from storage.base import KeyRecord, ProjectRecord, Storage, new_id, now_s
+from model_gateway.gateway import keys
+from model_gateway.storage.base import KeyRecord, ProjectRecord, Storage, new_id, now_s
 
 
 async def add_project(storage: Storage, name: str = "test", **fields) -> ProjectRecord:

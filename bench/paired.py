@@ -1,0 +1,98 @@
+"""Two gateways side by side (two configurations, or two checkouts): wrk rounds alternate
+A, B, A, B... on the same mock upstream, so that what else the machine does hits both
+alike. Prints req/s and CPU per request of each, and their ratios (B / A).
+
+    python bench/paired.py --name-b "metrics off" --extra-b $'[metrics]\\nenabled = false'
+    python bench/paired.py --name-b before --gateway-b ../other-checkout/.venv/bin/gateway
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway_target import UPSTREAM_ENV, start_gateway
+from load import BENCH_DIR, run_wrk
+from procs import Server, cpu_seconds, free_port
+from run import CHAT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--name-a", default="as configured")
+    parser.add_argument("--extra-a", default="")
+    parser.add_argument("--name-b", required=True)
+    parser.add_argument("--extra-b", default="")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--gateway", type=Path, default=Path(sys.executable).with_name("gateway"))
+    parser.add_argument("--gateway-b", type=Path, help="B's own `gateway` (another checkout)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        body = folder / "chat.json"
+        body.write_bytes(CHAT.data)
+        port = free_port()
+        mock = Server(
+            [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
+            port,
+            folder / "mock.log",
+            env=UPSTREAM_ENV,
+        )
+        servers = [mock]
+        try:
+            mock.wait_healthy()
+            targets = []
+            variants = (  # a literal \n in --extra-* is a line break (for make)
+                (args.name_a, args.extra_a.replace("\\n", "\n"), args.gateway),
+                (args.name_b, args.extra_b.replace("\\n", "\n"), args.gateway_b or args.gateway),
+            )
+            for name, extra, gateway in variants:
+                server, key = start_gateway(
+                    gateway, folder / name.replace(" ", "-"), mock.url + "/v1", True, extra
+                )
+                servers.append(server)
+                targets.append((name, server, key))
+            results = measure(args, targets, body, folder)
+        finally:
+            for server in reversed(servers):
+                server.stop()
+    report(args, results)
+
+
+def measure(args, targets, body: Path, folder: Path) -> dict[str, list[tuple[float, float]]]:
+    """Per target: (req/s, CPU ms per request) of each round."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in targets}
+    with (folder / "wrk.raw").open("w") as raw:
+        for _ in range(args.rounds):
+            for name, server, key in targets:
+                url = server.url + CHAT.path
+                before = cpu_seconds(server.pid)
+                result = run_wrk(
+                    url, args.connections, args.seconds, "post.lua", [key, str(body)], raw
+                )
+                cpu_ms = (cpu_seconds(server.pid) - before) * 1000 / max(result.requests, 1)
+                results[name].append((result.rps, cpu_ms))
+    return results
+
+
+def report(args, results) -> None:
+    (name_a, a), (name_b, b) = results.items()
+    rps_a, rps_b = statistics.median(r for r, _ in a), statistics.median(r for r, _ in b)
+    cpu_a, cpu_b = statistics.median(c for _, c in a), statistics.median(c for _, c in b)
+    rounds = f"{args.rounds} alternating rounds of {args.seconds} s"
+    print(f"chat, {args.connections} connections, {rounds}")
+    print("| variant | req/s (median) | CPU ms/request |")
+    print("|---|---:|---:|")
+    print(f"| {name_a} | {rps_a:,.0f} | {cpu_a:.3f} |")
+    print(
+        f"| {name_b} | {rps_b:,.0f} ({rps_b / rps_a:.2f}x) | {cpu_b:.3f} ({cpu_b / cpu_a:.2f}x) |"
+    )
+
+
+if __name__ == "__main__":
+    main()

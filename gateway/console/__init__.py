@@ -1,0 +1,1 @@
+"""The operator console: sign-in, projects, keys, usage, receipts, payments, playground."""

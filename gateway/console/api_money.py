@@ -1,0 +1,122 @@
+"""Usage, receipts, ledger and payments, as the console's JSON API."""
+
+from __future__ import annotations
+
+import calendar
+from datetime import UTC, date, datetime, timedelta
+
+from model_gateway.gateway import cli
+from model_gateway.gateway.api import receipt_view
+from model_gateway.gateway.console import records
+from model_gateway.gateway.console.guard import (
+    project_of,
+    require_active,
+    require_owner,
+)
+from model_gateway.gateway.console.mount import SESSION, Call
+from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
+from model_gateway.gateway.console.views import ledger_view, page, payment_view
+from model_gateway.gateway.json_response import json_response
+from model_gateway.gateway.money import format_amount
+from model_gateway.pipeline.endpoint import Endpoint
+from model_gateway.pipeline.errors import Conflict, InvalidRequest
+from model_gateway.storage import StateConflict
+
+_PROJECT = "/console/api/projects/{project_id}"
+GROUPS = ("day", "model", "key")
+
+
+def _us(day: date) -> int:
+    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()) * 1_000_000
+
+
+def month_bounds(today: date) -> tuple[date, date]:
+    last = calendar.monthrange(today.year, today.month)[1]
+    return today.replace(day=1), today.replace(day=last)
+
+
+def usage_row(row: dict) -> dict:
+    return {
+        "group": row["group"],
+        "requests": row["requests"],
+        "input_tokens": row["input_tokens"],
+        "output_tokens": row["output_tokens"],
+        "sandbox_seconds": f"{row['sandbox_ms'] / 1000:.3f}",
+        "cost": format_amount(row["cost"]),
+    }
+
+
+async def usage_report(storage, project_id: str, first: date, last: date, group_by: str) -> dict:
+    """Totals per day, model or key over the inclusive UTC dates, and over the whole range."""
+    rows = await storage.usage(project_id, _us(first), _us(last + timedelta(days=1)), group_by)
+    data = [usage_row(row) for row in rows]
+    total = {
+        name: sum(row[name] for row in rows)
+        for name in ("requests", "input_tokens", "output_tokens", "sandbox_ms", "cost")
+    }
+    return {
+        **page(data),
+        "group_by": group_by,
+        "from": first.isoformat(),
+        "to": last.isoformat(),
+        "total": usage_row({**total, "group": None}),
+    }
+
+
+def routes(console) -> list[Endpoint]:
+    storage = console.storage
+
+    async def usage(call: Call):
+        found = await project_of(storage, call)
+        default_first, default_last = month_bounds(datetime.now(UTC).date())
+        first = query_date(call.query("from"), "from", default_first)
+        last = query_date(call.query("to"), "to", default_last)
+        group_by = call.query("group_by") or "day"
+        if group_by not in GROUPS:
+            raise InvalidRequest("'group_by' must be day, model or key.", param="group_by")
+        if last < first:
+            raise InvalidRequest("'to' is before 'from'.", param="to")
+        return json_response(await usage_report(storage, found.id, first, last, group_by))
+
+    async def receipts(call: Call):
+        found = await project_of(storage, call)
+        limit = query_limit(call.query("limit"))
+        rows = await storage.list_receipts(found.id, limit + 1, query_cursor(call.query("cursor")))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        data = [receipt_view(receipt) for _, receipt in rows]
+        return json_response(page(data, rows[-1][0] if more else None))
+
+    async def ledger(call: Call):
+        found = await project_of(storage, call)
+        limit = query_limit(call.query("limit"))
+        entries = await storage.list_ledger(found.id, limit + 1, query_cursor(call.query("cursor")))
+        more = len(entries) > limit
+        entries = entries[:limit]
+        return json_response(
+            page([ledger_view(e) for e in entries], entries[-1].id if more else None)
+        )
+
+    async def payments(call: Call):
+        require_owner(call.user)
+        found = await project_of(storage, call)
+        fields = Fields(await call.json())
+        amount = fields.amount("amount", required=True, positive=True)
+        reference = fields.string("reference", required=True)
+        fields.unknown()
+        require_active(found)
+        try:
+            payment = await records.record_payment(
+                storage, found.id, amount, reference, call.user.email
+            )
+        except StateConflict:
+            raise Conflict("A payment with this reference is already recorded.") from None
+        view = await cli.project_view(storage, found)
+        return json_response({**payment_view(payment), "balance": view["balance"]}, status=201)
+
+    return [
+        Endpoint("GET", _PROJECT + "/usage", SESSION, usage),
+        Endpoint("GET", _PROJECT + "/receipts", SESSION, receipts),
+        Endpoint("GET", _PROJECT + "/ledger", SESSION, ledger),
+        Endpoint("POST", _PROJECT + "/payments", SESSION, payments),
+    ]

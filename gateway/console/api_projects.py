@@ -1,0 +1,171 @@
+"""Projects, their keys and their sandbox configurations, as the console's JSON API."""
+
+from __future__ import annotations
+
+from model_gateway.gateway import cli
+from model_gateway.gateway.console import records
+from model_gateway.gateway.console.guard import (
+    project_of,
+    require_active,
+    require_owner,
+    visible_project,
+)
+from model_gateway.gateway.console.mount import SESSION, Call
+from model_gateway.gateway.console.onchain import address_of
+from model_gateway.gateway.console.payload import Fields
+from model_gateway.gateway.console.views import iso, page
+from model_gateway.gateway.json_response import json_response
+from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
+from model_gateway.pipeline.endpoint import Endpoint
+from model_gateway.pipeline.errors import Conflict, InvalidRequest, NotFound
+from model_gateway.storage import StateConflict
+
+_PROJECT = "/console/api/projects/{project_id}"
+
+
+async def project_view(storage, project) -> dict:
+    """The CLI's view of a project, with the addresses it pays from onchain."""
+    view = await cli.project_view(storage, project)
+    return {**view, "payer_addresses": await storage.payer_addresses(project.id)}
+
+
+def _payers(fields: Fields) -> list[str] | None:
+    """`payer_addresses` when present (null clears them), else None."""
+    if not fields.has("payer_addresses"):
+        return None
+    values = fields.string_list("payer_addresses") or []
+    return sorted({address_of(v, f"payer_addresses.{n}") for n, v in enumerate(values)})
+
+
+async def key_listing_view(storage, listing) -> dict:
+    view = await cli.key_view(storage, listing.key)
+    return {**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)}
+
+
+def _project_options(fields: Fields) -> dict:
+    """The changeable fields present in the body (None clears an optional limit)."""
+    readers = {
+        "monthly_budget": fields.amount,
+        "rpm": fields.positive_int,
+        "allow_models": fields.string_list,
+        "exclude_models": fields.string_list,
+    }
+    return {name: read(name) for name, read in readers.items() if fields.has(name)}
+
+
+def routes(console) -> list[Endpoint]:
+    storage, config = console.storage, console.config
+
+    async def list_projects(call: Call):
+        user = call.user
+        ids = None if user.role == "owner" else await storage.granted_projects(user.id)
+        projects = await storage.list_projects(ids)
+        return json_response(page([await project_view(storage, p) for p in projects]))
+
+    async def create_project(call: Call):
+        require_owner(call.user)
+        fields = Fields(await call.json())
+        name = fields.string("name", required=True)
+        options = _project_options(fields)
+        fields.unknown()
+        created = await records.create_project(config, storage, name=name, **options)
+        return json_response({**created, "payer_addresses": []}, status=201)
+
+    async def show_project(call: Call):
+        return json_response(await project_view(storage, await project_of(storage, call)))
+
+    async def patch_project(call: Call):
+        found = await project_of(storage, call)
+        fields = Fields(await call.json())
+        changes = _project_options(fields)
+        payers = _payers(fields)
+        fields.unknown()
+        if changes.get("exclude_models", []) is None:
+            changes["exclude_models"] = []  # null clears the exclusions
+        require_active(found)
+        try:
+            updated = await storage.update_project(found.id, changes)
+            if payers is not None:
+                await storage.set_payer_addresses(found.id, payers)
+        except StateConflict:
+            raise Conflict("The project is archived: it is read-only.") from None
+        return json_response(await project_view(storage, updated))
+
+    async def archive_project(call: Call):
+        require_owner(call.user)
+        found = await project_of(storage, call)
+        try:
+            archived = await storage.archive_project(found.id)
+        except StateConflict:
+            raise Conflict("The project is already archived.") from None
+        return json_response(await project_view(storage, archived))
+
+    async def list_keys(call: Call):
+        found = await project_of(storage, call)
+        listings = await storage.list_keys(found.id)
+        return json_response(page([await key_listing_view(storage, x) for x in listings]))
+
+    async def create_key(call: Call):
+        found = await project_of(storage, call)
+        fields = Fields(await call.json())
+        scopes = fields.scopes()
+        options = {
+            "models": fields.string_list("models"),
+            "monthly_limit": fields.amount("monthly_limit"),
+            "expires_at": fields.time("expires_at"),
+            "rpm": fields.positive_int("rpm"),
+        }
+        name = fields.string("name")
+        fields.unknown()
+        require_active(found)
+        created = await records.create_key(config, storage, found.id, scopes, **options)
+        if name is not None:
+            await storage.update_key(created["prefix"], {"name": name})
+        return json_response({**created, "name": name, "last_used_at": None}, status=201)
+
+    async def revoke_key(call: Call):
+        key = await storage.get_key(call.params["prefix"])
+        if key is None:
+            raise NotFound("No key with this prefix exists.")
+        await visible_project(storage, call.user, key.project_id)  # else as absent: 404
+        try:
+            revoked = await storage.revoke_key(key.prefix)
+        except StateConflict:
+            raise Conflict("The key is already revoked.") from None
+        return json_response(await cli.key_view(storage, revoked))
+
+    async def list_sandboxes(call: Call):
+        found = await project_of(storage, call)
+        sandboxes = await storage.list_sandboxes(found.id)
+        return json_response(page([cli.sandbox_view(s) for s in sandboxes]))
+
+    async def create_sandbox(call: Call):
+        found = await project_of(storage, call)
+        fields = Fields(await call.json())
+        runtime = fields.string("runtime", required=True)
+        if runtime not in ("python", "node", "bash"):
+            raise InvalidRequest("'runtime' must be python, node or bash.", param="runtime")
+        limits = {}
+        for name in ("timeout_s", "memory_mb"):
+            value = fields.positive_int(name)
+            limits[name] = SANDBOX_LIMITS[name].default if value is None else value
+        fields.unknown()
+        require_active(found)
+        try:
+            created = await records.create_sandbox(config, storage, found.id, runtime, **limits)
+        except cli.CliError as exc:
+            raise InvalidRequest(str(exc).replace("--", "").replace("-", "_")) from None
+        return json_response({**created, "payer_addresses": []}, status=201)
+
+    return [
+        Endpoint("GET", "/console/api/projects", SESSION, list_projects),
+        Endpoint("POST", "/console/api/projects", SESSION, create_project),
+        Endpoint("GET", _PROJECT, SESSION, show_project),
+        Endpoint("PATCH", _PROJECT, SESSION, patch_project),
+        Endpoint("POST", _PROJECT + "/archive", SESSION, archive_project),
+        Endpoint("GET", _PROJECT + "/keys", SESSION, list_keys),
+        Endpoint("POST", _PROJECT + "/keys", SESSION, create_key),
+        Endpoint("POST", "/console/api/keys/{prefix}/revoke", SESSION, revoke_key),
+        Endpoint("GET", _PROJECT + "/sandboxes", SESSION, list_sandboxes),
+        Endpoint("POST", _PROJECT + "/sandboxes", SESSION, create_sandbox),
+    ]

@@ -1,0 +1,50 @@
+"""POST /console/api/login, POST /console/api/logout, GET /console/api/me."""
+
+from __future__ import annotations
+
+from model_gateway.gateway.console.mount import SESSION, Call, no_content
+from model_gateway.gateway.console.passwords import check_password
+from model_gateway.gateway.console.payload import Fields
+from model_gateway.gateway.console.views import user_view
+from model_gateway.gateway.json_response import json_response
+from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
+from model_gateway.pipeline.errors import Unauthenticated
+
+WRONG_CREDENTIALS = "The email or password is incorrect."  # one message for both
+
+
+def routes(console) -> list[Endpoint]:
+    async def login(call: Call):
+        fields = Fields(await call.json())
+        email = fields.string("email", required=True, max_length=320)
+        password = fields.string("password", required=True, max_length=1024, strip=False)
+        address = call.request.client.host if call.request.client else "unknown"
+        await console.throttle.check(email, address)
+        user = await console.storage.get_user(email)
+        usable = user is not None and not user.disabled
+        if not await check_password(user.password_hash if usable else None, password):
+            await console.throttle.failed(email, address)
+            raise Unauthenticated(WRONG_CREDENTIALS)
+        await console.throttle.succeeded(email)
+        await console.purge()  # expired sessions and stale failures, at each sign-in
+        # A new session id at every sign-in; a session the browser brought along ends.
+        await console.sessions.end(call.request.scope)
+        cookie = await console.sessions.start(user)
+        return json_response({"user": user_view(user)}, headers={"set-cookie": cookie})
+
+    async def logout(call: Call):
+        cookie = await console.sessions.end(call.request.scope)
+        return no_content({"set-cookie": cookie})
+
+    async def me(call: Call):
+        user = call.user
+        projects = None
+        if user.role == "member":
+            projects = sorted(await console.storage.granted_projects(user.id))
+        return json_response({"user": user_view(user, projects)})
+
+    return [
+        Endpoint("POST", "/console/api/login", PUBLIC, login),
+        Endpoint("POST", "/console/api/logout", SESSION, logout),
+        Endpoint("GET", "/console/api/me", SESSION, me),
+    ]

@@ -1,0 +1,218 @@
+"""The console inside the gateway process: `/console` pages, `/console/api/` JSON, and the
+playground, which is the /v1 request path with the session as its principal."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import orjson
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from model_gateway.gateway.console.guard import (
+    PLAYGROUND_PROJECT,
+    SessionAuth,
+    check_origin,
+    signed_in,
+)
+from model_gateway.gateway.console.sessions import Sessions
+from model_gateway.gateway.console.throttle import LoginThrottle
+from model_gateway.pipeline import chain
+from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.endpoint import PUBLIC, Endpoint, RouteTable
+from model_gateway.pipeline.errors import (
+    Conflict,
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    Unauthenticated,
+    send_error,
+)
+from model_gateway.pipeline.request_id import RequestId
+from model_gateway.pipeline.routing import route_path
+from model_gateway.storage.base import RecordNotFound, StateConflict, UserRecord, now_s
+
+SESSION = "session"  # a JSON endpoint: 401 without a session
+PAGE = "page"  # an HTML page: 303 to the sign-in page without a session
+MAX_BODY_BYTES = 64 * 1024
+
+# The three playground paths and the /v1 endpoint each one runs.
+_PLAYGROUND = re.compile(
+    r"^/console/api/projects/(?P<project>[^/]+)/playground"
+    r"(?P<path>/chat/completions|/responses|/sandbox/executions)$"
+)
+
+
+@dataclass(slots=True)
+class Call:
+    """One console request as a handler sees it."""
+
+    request: Request
+    user: UserRecord | None
+    params: dict[str, str]
+    request_id: str
+
+    async def body(self) -> bytes:
+        """The raw JSON body (400 for another content type or a body over the limit)."""
+        content_type = self.request.headers.get("content-type", "").split(";")[0].strip()
+        if content_type.lower() != "application/json":
+            raise InvalidRequest("Content-Type must be application/json.")
+        body = b""
+        async for chunk in self.request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise InvalidRequest("The request body is too large.")
+        return body
+
+    async def json(self) -> dict:
+        body = await self.body()
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise InvalidRequest("The body is not valid JSON.") from None
+        if not isinstance(value, dict):
+            raise InvalidRequest("The body must be a JSON object.")
+        return value
+
+    def query(self, name: str) -> str | None:
+        return self.request.query_params.get(name)
+
+
+class Console:
+    """The console's parts over a started gateway."""
+
+    def __init__(self, gateway) -> None:
+        from model_gateway.gateway.console import (
+            api_agents,
+            api_money,
+            api_projects,
+            api_purchases,
+            api_session,
+            pages,
+        )
+
+        self.gateway = gateway
+        self.config = gateway.config
+        self.storage = gateway.storage
+        self.public_url = self.config.server.public_url
+        self.sessions = Sessions(
+            self.storage,
+            idle_s=self.config.console.session_idle_s,
+            secure=self.config.server.environment == "production",
+        )
+        self.throttle = LoginThrottle(self.storage, self.config.console)
+        self.routes = RouteTable(
+            api_session.routes(self)
+            + api_projects.routes(self)
+            + api_money.routes(self)
+            + api_purchases.routes(self)
+            + api_agents.routes(self)
+            + pages.routes(self)
+        )
+        self.app = chain([Middleware(RequestId)], self._dispatch)
+        self.playground = gateway.pipeline(authenticate=Middleware(SessionAuth, console=self))
+
+    async def authenticate(self, scope: Scope) -> UserRecord:
+        """The Origin check, then the session: the order every console request follows."""
+        check_origin(scope, self.public_url)
+        return await signed_in(self.sessions, scope)
+
+    async def purge(self) -> None:
+        now = now_s()
+        console = self.config.console
+        await self.storage.purge_console(now - console.session_idle_s, now - console.login_window_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = _PLAYGROUND.match(route_path(scope))
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        # The /v1 endpoint, through the same stages; only the principal differs.
+        root = scope.get("root_path", "")
+        inner = {
+            **scope,
+            "path": root + "/v1" + found["path"],
+            PLAYGROUND_PROJECT: found["project"],
+        }
+        inner["raw_path"] = inner["path"].encode()
+        await self.playground(inner, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = context_of(scope)
+        path = route_path(scope)
+        is_api = path.startswith("/console/api/")
+        try:
+            endpoint, params = self._route(scope, path)
+            user = None
+            if endpoint.scope == PUBLIC:
+                check_origin(scope, self.public_url)
+            else:
+                user = await self.authenticate(scope)
+            response = await _answer(
+                endpoint, Call(Request(scope, receive), user, params, ctx.request_id)
+            )
+        except Unauthenticated as error:
+            if is_api:
+                await send_error(send, error, ctx.request_id)
+            else:
+                await RedirectResponse("/console/login", status_code=303)(scope, receive, send)
+            return
+        except GatewayError as error:
+            if is_api:
+                await send_error(send, error, ctx.request_id)
+            else:
+                from model_gateway.gateway.console.pages import error_page
+
+                await error_page(error)(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _route(self, scope: Scope, path: str) -> tuple[Endpoint, dict[str, str]]:
+        found = self.routes.match(path)
+        if found is None:
+            raise NotFound("No console page or endpoint exists at this path.")
+        routes, params = found
+        endpoint = routes.methods.get(scope["method"])
+        if endpoint is None:
+            raise MethodNotAllowed(
+                f"This path supports {routes.allow} only.", headers={"allow": routes.allow}
+            )
+        return endpoint, params
+
+
+async def _answer(endpoint: Endpoint, call: Call) -> Response:
+    """The handler's response; a record gone or changed meanwhile is a 404 or a 409."""
+    try:
+        return await endpoint.handler(call)
+    except RecordNotFound:
+        raise NotFound() from None
+    except StateConflict:
+        raise Conflict() from None
+
+
+class ConsoleMount:
+    """Sends `/console` and everything under it to the console, the rest to the gateway."""
+
+    def __init__(self, console: ASGIApp, main: ASGIApp) -> None:
+        self.console = console
+        self.main = main
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = route_path(scope)
+            if path == "/console" or path.startswith("/console/"):
+                await self.console(scope, receive, send)
+                return
+        await self.main(scope, receive, send)
+
+
+def mount_console(gateway, main: ASGIApp) -> ASGIApp:
+    return ConsoleMount(Console(gateway), main)
+
+
+def no_content(headers: dict[str, str] | None = None) -> Response:
+    return Response(status_code=204, headers=headers)

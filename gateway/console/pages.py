@@ -1,0 +1,124 @@
+"""The console's pages: server-rendered HTML over the same records as the JSON API.
+
+Every action a page offers (create, revoke, archive, pay, play) is a call of the JSON API
+made by the one vendored script, static/console.js; the pages themselves only read.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.responses import RedirectResponse, Response
+
+from model_gateway.gateway import cli
+from model_gateway.gateway.console import (
+    pages_agents,
+    pages_project,
+    pages_reports,
+    pages_tools,
+)
+from model_gateway.gateway.console.html import amount_html, api_form, esc, field, page, table
+from model_gateway.gateway.console.mount import PAGE, Call
+from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
+from model_gateway.pipeline.errors import GatewayError, NotFound
+
+_P = "/console/projects/{project_id}"
+_STATIC_TYPES = {
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
+
+
+def error_page(error: GatewayError) -> Response:
+    body = (
+        f'<h1>{error.status}</h1><p class="error-text">{esc(error.message)}</p>'
+        '<p><a href="/console/projects">Back to the projects</a></p>'
+    )
+    return page("Error", body, status=error.status)
+
+
+def routes(console) -> list[Endpoint]:
+    storage = console.storage
+
+    async def static(call: Call):
+        name = call.params["name"]
+        if name not in _STATIC_TYPES:
+            raise NotFound("No such file.")
+        data = (resources.files("model_gateway.gateway.console") / "static" / name).read_bytes()
+        return Response(
+            data,
+            media_type=_STATIC_TYPES[name],
+            headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
+        )
+
+    async def home(call: Call):
+        return RedirectResponse("/console/projects", status_code=303)
+
+    async def login(call: Call):
+        body = (
+            '<section class="signin"><h1>Sign in</h1>'
+            '<form class="card" id="login" data-api="/console/api/login" data-method="POST"'
+            ' data-next="/console/projects">'
+            + field("Email", "email", kind="email", extra='autocomplete="username" required')
+            + field(
+                "Password",
+                "password",
+                kind="password",
+                extra='autocomplete="current-password" required data-raw',
+            )
+            + '<div class="actions"><button type="submit">Sign in</button></div>'
+            '<p class="form-error" role="alert" hidden></p></form>'
+            '<p class="note">Accounts are made by an operator: '
+            "<code>gateway users create EMAIL --password-stdin</code>.</p></section>"
+        )
+        return page("Sign in", body)
+
+    async def projects(call: Call):
+        user = call.user
+        ids = None if user.role == "owner" else await storage.granted_projects(user.id)
+        rows = []
+        for record in await storage.list_projects(ids):
+            p = await cli.project_view(storage, record)
+            rows.append(
+                [
+                    f'<a href="/console/projects/{esc(p["id"])}">{esc(p["name"])}</a>',
+                    f"<code>{esc(p['id'])}</code>",
+                    esc(p["state"]),
+                    amount_html(p["balance"]),
+                    amount_html(p["month_spend"]),
+                    amount_html(p["monthly_budget"]),
+                ]
+            )
+        create = ""
+        if user.role == "owner":
+            create = "<h2>New project</h2>" + api_form(
+                "/console/api/projects",
+                field("Name", "name", extra="required maxlength=200")
+                + field("Monthly budget (USD)", "monthly_budget", extra='inputmode="decimal"')
+                + field("Requests per minute", "rpm", kind="number", extra="min=1 data-int"),
+                "Create project",
+                extra='data-next="/console/projects/{id}"',
+            )
+        body = (
+            "<h1>Projects</h1>"
+            + table(
+                ["Name", "ID", "State", "Balance", "Month spend", "Budget"],
+                rows,
+                empty="No project you may see yet.",
+            )
+            + create
+        )
+        return page("Projects", body, user=user)
+
+    return [
+        Endpoint("GET", "/console/static/{name}", PUBLIC, static),
+        Endpoint("GET", "/console/login", PUBLIC, login),
+        Endpoint("GET", "/console", PAGE, home),
+        Endpoint("GET", "/console/", PAGE, home),
+        Endpoint("GET", "/console/projects", PAGE, projects),
+        *pages_project.routes(console),
+        *pages_reports.routes(console),
+        *pages_tools.routes(console),
+        *pages_agents.routes(console),
+    ]

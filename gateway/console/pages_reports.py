@@ -1,0 +1,152 @@
+"""A project's usage (with its chart), receipts and ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from model_gateway.gateway.api import receipt_view
+from model_gateway.gateway.console.api_money import month_bounds, usage_report
+from model_gateway.gateway.console.chart import cost_chart
+from model_gateway.gateway.console.guard import project_of
+from model_gateway.gateway.console.html import (
+    amount_html,
+    esc,
+    facts,
+    field,
+    older_link,
+    project_page,
+    short_time,
+    table,
+)
+from model_gateway.gateway.console.mount import PAGE, Call
+from model_gateway.gateway.console.payload import query_cursor, query_date
+from model_gateway.gateway.console.views import ledger_view
+from model_gateway.gateway.money import parse_amount
+from model_gateway.pipeline.endpoint import Endpoint
+
+_P = "/console/projects/{project_id}"
+
+
+def routes(console) -> list[Endpoint]:
+    storage = console.storage
+
+    async def usage(call: Call):
+        project = await project_of(storage, call)
+        default_first, default_last = month_bounds(datetime.now(UTC).date())
+        first = query_date(call.query("from"), "from", default_first)
+        last = query_date(call.query("to"), "to", default_last)
+        if last < first or (last - first).days > 366:
+            first, last = default_first, default_last
+        by_day = await usage_report(storage, project.id, first, last, "day")
+        by_model = await usage_report(storage, project.id, first, last, "model")
+        by_key = await usage_report(storage, project.id, first, last, "key")
+        cost = {row["group"]: parse_amount(row["cost"]) for row in by_day["data"]}
+        total = by_day["total"]
+
+        def rows(report, label):
+            return [
+                [
+                    label(r["group"]),
+                    esc(r["requests"]),
+                    esc(r["input_tokens"]),
+                    esc(r["output_tokens"]),
+                    esc(r["sandbox_seconds"]),
+                    amount_html(r["cost"]),
+                ]
+                for r in report["data"]
+            ]
+
+        heads = ["", "Requests", "Input tokens", "Output tokens", "Sandbox s", "Cost"]
+        body = (
+            '<form class="range" method="get">'
+            + field("From", "from", kind="date", value=first.isoformat())
+            + field("To", "to", kind="date", value=last.isoformat())
+            + '<button type="submit">Show</button></form>'
+            + facts(
+                [
+                    ("Cost", amount_html(total["cost"])),
+                    ("Requests", esc(total["requests"])),
+                    ("Input tokens", esc(total["input_tokens"])),
+                    ("Output tokens", esc(total["output_tokens"])),
+                ]
+            )
+            + "<h2>Cost per day (USD)</h2>"
+            + cost_chart(first, last, cost)
+            + "<h2>Per model</h2>"
+            + table(
+                ["Model", *heads[1:]],
+                rows(by_model, lambda g: f"<code>{esc(g)}</code>"),
+                empty="No usage in this range.",
+            )
+            + "<h2>Per key</h2>"
+            + table(
+                ["Key", *heads[1:]],
+                rows(by_key, lambda g: f"<code>{esc(g)}</code>" if g else "console playground"),
+                empty="No usage in this range.",
+            )
+        )
+        return project_page("Usage", project, "usage", body, user=call.user)
+
+    async def receipts(call: Call):
+        project = await project_of(storage, call)
+        found = await storage.list_receipts(project.id, 51, query_cursor(call.query("cursor")))
+        more = found[50][0] if len(found) > 50 else None
+        rows = []
+        for _, record in found[:50]:
+            r = receipt_view(record)
+            usage = r["usage"]
+            amount = (
+                f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"
+                if r["kind"] == "inference"
+                else f"{usage.get('duration_ms', 0)} ms"
+            )
+            rows.append(
+                [
+                    short_time(r["created_at"]),
+                    f'<a href="/proofs/{esc(r["id"])}"><code>{esc(r["id"])}</code></a>',
+                    f"<code>{esc(r['endpoint'])}</code>",
+                    esc(r.get("model") or r.get("runtime")),
+                    esc(r["status"]),
+                    esc(amount),
+                    amount_html(r["cost"]),
+                ]
+            )
+        body = (
+            '<p class="note">Each receipt links to its public proof page.</p>'
+            + table(
+                ["Time (UTC)", "Receipt", "Endpoint", "Model", "Status", "Usage", "Cost"],
+                rows,
+                empty="No receipt yet.",
+            )
+            + older_link(f"/console/projects/{project.id}/receipts", more and str(more))
+        )
+        return project_page("Receipts", project, "receipts", body, user=call.user)
+
+    async def ledger(call: Call):
+        project = await project_of(storage, call)
+        found = await storage.list_ledger(project.id, 51, query_cursor(call.query("cursor")))
+        more = str(found[50].id) if len(found) > 50 else None
+        rows = []
+        for entry in found[:50]:
+            e = ledger_view(entry)
+            sign = "&minus;" if e["kind"] == "charge" else "+"
+            detail = e["reference"] or e["receipt_id"] or ""
+            rows.append(
+                [
+                    short_time(e["created_at"]),
+                    esc(e["kind"]),
+                    f'<span class="num">{sign}{esc(e["amount"])}</span>',
+                    f"<code>{esc(detail)}</code>",
+                ]
+            )
+        body = table(
+            ["Time (UTC)", "Kind", "Amount", "Reference or receipt"], rows, empty="No entry yet."
+        )
+        body += older_link(f"/console/projects/{project.id}/ledger", more)
+        return project_page("Ledger", project, "ledger", body, user=call.user)
+
+    return [
+        Endpoint("GET", _P + "/usage", PAGE, usage),
+        Endpoint("GET", _P + "/receipts", PAGE, receipts),
+        Endpoint("GET", _P + "/ledger", PAGE, ledger),
+    ]

@@ -1,0 +1,88 @@
+"""A project's sandbox configurations and playground."""
+
+from __future__ import annotations
+
+from model_gateway.gateway.console.guard import project_of
+from model_gateway.gateway.console.html import (
+    api_form,
+    esc,
+    field,
+    project_page,
+    table,
+)
+from model_gateway.gateway.console.mount import PAGE, Call
+from model_gateway.pipeline.endpoint import Endpoint
+
+_P = "/console/projects/{project_id}"
+
+
+def model_options(catalog, project) -> str:
+    """The models the project may use, as <option>s; unavailable ones shown disabled."""
+    return "".join(
+        f'<option value="{esc(mid)}">{esc(mid)}</option>'
+        if catalog.available(model)
+        else f'<option value="{esc(mid)}" disabled>{esc(mid)} (unavailable)</option>'
+        for mid, model in catalog.visible_to(None, project)
+    )
+
+
+def routes(console) -> list[Endpoint]:
+    storage, catalog = console.storage, console.gateway.catalog
+
+    async def sandboxes(call: Call):
+        project = await project_of(storage, call)
+        rows = [
+            [
+                f"<code>{esc(s.id)}</code>",
+                esc(s.runtime),
+                esc(s.timeout_s),
+                esc(s.memory_mb),
+            ]
+            for s in await storage.list_sandboxes(project.id)
+        ]
+        body = table(
+            ["ID", "Runtime", "Time limit (s)", "Memory (MB)"],
+            rows,
+            empty="No sandbox configuration yet.",
+        )
+        if project.state == "active":
+            runtimes = "".join(f"<option>{r}</option>" for r in ("python", "node", "bash"))
+            body += "<h2>New sandbox configuration</h2>" + api_form(
+                f"/console/api/projects/{project.id}/sandboxes",
+                f'<label>Runtime<select name="runtime">{runtimes}</select></label>'
+                + field(
+                    "Time limit (s)", "timeout_s", kind="number", value="10", extra="min=1 data-int"
+                )
+                + field(
+                    "Memory (MB)", "memory_mb", kind="number", value="256", extra="min=1 data-int"
+                ),
+                "Create sandbox",
+            )
+        return project_page("Sandboxes", project, "sandboxes", body, user=call.user)
+
+    async def playground(call: Call):
+        project = await project_of(storage, call)
+        options = model_options(catalog, project)
+        if project.state != "active":
+            body = '<p class="note">The project is archived: the playground is closed.</p>'
+        else:
+            body = (
+                '<p class="note">Calls run with the project\'s full scope and are billed and '
+                "receipted like any API call.</p>"
+                f'<form class="card" id="playground" data-project="{esc(project.id)}">'
+                f'<label>Model<select name="model">{options}</select></label>'
+                '<label class="wide">Message<textarea name="message" rows="4" required>'
+                "Say hello to the console.</textarea></label>"
+                '<label class="check"><input type="checkbox" name="stream" checked> Stream</label>'
+                '<div class="actions"><button type="submit">Send</button></div>'
+                '<p class="form-error" role="alert" hidden></p></form>'
+                '<h2>Output</h2><pre id="output" class="output" aria-live="polite"></pre>'
+                '<h2>Receipt</h2><div id="receipt" class="card receipt">'
+                '<p class="note">The receipt of each call appears here.</p></div>'
+            )
+        return project_page("Playground", project, "playground", body, user=call.user)
+
+    return [
+        Endpoint("GET", _P + "/sandboxes", PAGE, sandboxes),
+        Endpoint("GET", _P + "/playground", PAGE, playground),
+    ]

@@ -1,0 +1,124 @@
+"""Reading console request bodies and query strings: every bad field is a 400 naming it."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+from model_gateway.gateway import keys
+from model_gateway.gateway.money import parse_amount
+from model_gateway.pipeline.errors import InvalidRequest
+
+_MISSING = object()
+
+
+class Fields:
+    """The fields of one JSON object, checked one at a time; `unknown()` refuses the rest."""
+
+    def __init__(self, body: dict) -> None:
+        self.body = body
+        self.read: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.body
+
+    def _get(self, name: str, required: bool):
+        self.read.add(name)
+        value = self.body.get(name, _MISSING)
+        if value is _MISSING and required:
+            raise InvalidRequest(f"The field '{name}' is required.", param=name)
+        return value
+
+    def string(
+        self, name: str, *, required: bool = False, max_length: int = 200, strip: bool = True
+    ):
+        value = self._get(name, required)
+        if value is _MISSING or (value is None and not required):
+            return None
+        if not isinstance(value, str) or not value.strip() or len(value) > max_length:
+            raise InvalidRequest(
+                f"'{name}' must be a non-empty string of at most {max_length} characters.",
+                param=name,
+            )
+        return value.strip() if strip else value
+
+    def amount(self, name: str, *, required: bool = False, positive: bool = False):
+        value = self._get(name, required)
+        if value is _MISSING or (value is None and not required):
+            return None
+        try:
+            micros = parse_amount(value)
+        except (ValueError, TypeError):
+            raise InvalidRequest(f"'{name}' must be a decimal amount.", param=name) from None
+        if positive and micros <= 0:
+            raise InvalidRequest(f"'{name}' must be more than zero.", param=name)
+        return micros
+
+    def positive_int(self, name: str):
+        value = self._get(name, False)
+        if value is _MISSING or value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
+        return value
+
+    def string_list(self, name: str):
+        value = self._get(name, False)
+        if value is _MISSING or value is None:
+            return None
+        if not isinstance(value, list) or not all(
+            isinstance(item, str) and item.strip() for item in value
+        ):
+            raise InvalidRequest(f"'{name}' must be a list of strings.", param=name)
+        return [item.strip() for item in value]
+
+    def scopes(self, name: str = "scopes") -> frozenset[str]:
+        value = self._get(name, True)
+        text = ",".join(value) if isinstance(value, list) else value
+        if not isinstance(text, str) or not all(isinstance(v, str) for v in value):
+            raise InvalidRequest(f"'{name}' must be a list of scopes.", param=name)
+        try:
+            return keys.parse_scopes(text)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param=name) from None
+
+    def time(self, name: str):
+        value = self._get(name, False)
+        if value is _MISSING or value is None:
+            return None
+        try:
+            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidRequest(f"'{name}' must be an RFC 3339 time.", param=name) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return int(moment.timestamp())
+
+    def unknown(self) -> None:
+        extra = sorted(set(self.body) - self.read)
+        if extra:
+            raise InvalidRequest(f"Unknown field '{extra[0]}'.", param=extra[0])
+
+
+def query_date(text: str | None, name: str, default: date) -> date:
+    if text is None:
+        return default
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be a date YYYY-MM-DD.", param=name) from None
+
+
+def query_limit(text: str | None, default: int = 50, high: int = 200) -> int:
+    if text is None:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= high:
+        raise InvalidRequest(f"'limit' must be between 1 and {high}.", param="limit")
+    return int(text)
+
+
+def query_cursor(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InvalidRequest("'cursor' is not a cursor this endpoint gave.", param="cursor")
+    return int(text)

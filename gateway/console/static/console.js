@@ -1,0 +1,346 @@
+// The console's one script: it turns the pages' forms and buttons into calls of the
+// console's JSON API (same origin, session cookie), and streams the playground.
+"use strict";
+
+function showError(form, message) {
+  const box = form.querySelector(".form-error");
+  if (box) {
+    box.textContent = message;
+    box.hidden = false;
+  }
+}
+
+async function callApi(path, method, body) {
+  const response = await fetch(path, {
+    method: method,
+    credentials: "same-origin",
+    headers: { "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (response.status === 204) return {};
+  let data = {};
+  try {
+    data = await response.json();
+  } catch (e) {
+    data = {};
+  }
+  if (!response.ok) {
+    if (response.status === 401 && !path.endsWith("/login")) {
+      window.location.assign("/console/login");
+    }
+    const error = data.error || {};
+    throw new Error(error.message || "The request failed (" + response.status + ").");
+  }
+  return data;
+}
+
+function formBody(form) {
+  const body = {};
+  const emptyNull = form.hasAttribute("data-empty-null");
+  for (const input of form.querySelectorAll("input[name], select[name], textarea[name]")) {
+    const name = input.name;
+    if (input.type === "checkbox") {
+      if (!(name in body)) body[name] = [];
+      if (input.checked) body[name].push(input.value);
+      continue;
+    }
+    let value = input.hasAttribute("data-raw") ? input.value : input.value.trim();
+    if (value === "") {
+      if (emptyNull) body[name] = input.hasAttribute("data-list") && name === "exclude_models" ? [] : null;
+      continue;
+    }
+    if (input.hasAttribute("data-int")) value = parseInt(value, 10);
+    if (input.hasAttribute("data-list")) {
+      value = value.split(",").map((part) => part.trim()).filter((part) => part !== "");
+    }
+    body[name] = value;
+  }
+  return body;
+}
+
+function reveal(secret) {
+  const panel = document.getElementById("reveal");
+  document.getElementById("reveal-value").textContent = secret;
+  panel.hidden = false;
+  panel.scrollIntoView({ block: "nearest" });
+}
+
+async function submitForm(event) {
+  const form = event.target.closest("form[data-api]");
+  if (!form) return;
+  event.preventDefault();
+  const question = form.getAttribute("data-confirm");
+  if (question && !window.confirm(question)) return;
+  const button = form.querySelector("button[type=submit]");
+  button.disabled = true;
+  form.querySelector(".form-error").hidden = true;
+  try {
+    const data = await callApi(form.dataset.api, form.dataset.method || "POST", formBody(form));
+    if (data.status === "pending") {
+      showError(form, "Pending: " + data.confirmations + " of " + data.confirmations_needed +
+        " confirmations. Try again in a minute.");
+    } else if (form.dataset.reveal) {
+      form.reset();
+      reveal(data[form.dataset.reveal]);
+    } else if (form.dataset.next) {
+      window.location.assign(form.dataset.next.replace("{id}", encodeURIComponent(data.id || "")));
+    } else {
+      window.location.reload();
+    }
+  } catch (error) {
+    showError(form, error.message);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function postButton(button) {
+  const question = button.getAttribute("data-confirm");
+  if (question && !window.confirm(question)) return;
+  button.disabled = true;
+  try {
+    await callApi(button.dataset.post, "POST", {});
+    window.location.reload();
+  } catch (error) {
+    const note = document.createElement("span");
+    note.className = "inline-error";
+    note.setAttribute("role", "alert");
+    note.textContent = error.message;
+    button.after(note);
+    button.disabled = false;
+  }
+}
+
+async function copyText(button) {
+  const text = document.getElementById(button.dataset.copy).textContent;
+  const done = document.querySelector(".copied");
+  try {
+    await navigator.clipboard.writeText(text);
+    done.textContent = "Copied.";
+  } catch (error) {
+    const range = document.createRange();
+    range.selectNodeContents(document.getElementById(button.dataset.copy));
+    window.getSelection().removeAllRanges();
+    window.getSelection().addRange(range);
+    done.textContent = "Selected: press Ctrl+C to copy.";
+  }
+  done.hidden = false;
+}
+
+// Server-Sent Events from fetch: calls `onData` with each `data:` payload (and the
+// event's name, "message" when it has none).
+async function readEvents(response, onData) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      for (const line of event.split("\n")) {
+        if (line.startsWith("event: ")) name = line.slice(7);
+        if (line.startsWith("data: ")) onData(line.slice(6), name);
+      }
+    }
+  }
+}
+
+function showReceipt(box, projectId, receiptId) {
+  box.textContent = "";
+  if (!receiptId) {
+    box.textContent = "No receipt: nothing was billed.";
+    return;
+  }
+  const title = document.createElement("p");
+  const link = document.createElement("a");
+  link.href = "/proofs/" + encodeURIComponent(receiptId);
+  link.textContent = receiptId;
+  link.className = "receipt-id";
+  title.append("Receipt ", link);
+  box.append(title);
+  callApi("/console/api/projects/" + encodeURIComponent(projectId) + "/receipts?limit=10", "GET")
+    .then((list) => {
+      const receipt = list.data.find((item) => item.id === receiptId);
+      if (!receipt) return;
+      const facts = document.createElement("p");
+      facts.className = "receipt-facts";
+      facts.textContent =
+        receipt.status + " · " + (receipt.model || receipt.runtime) + " · " +
+        (receipt.usage.input_tokens || 0) + " input and " +
+        (receipt.usage.output_tokens || 0) + " output tokens · cost " + receipt.cost + " USD";
+      box.append(facts);
+    })
+    .catch(() => {});
+}
+
+async function play(event) {
+  event.preventDefault();
+  const form = event.target;
+  const projectId = form.dataset.project;
+  const output = document.getElementById("output");
+  const receiptBox = document.getElementById("receipt");
+  const button = form.querySelector("button[type=submit]");
+  const stream = form.elements.stream.checked;
+  form.querySelector(".form-error").hidden = true;
+  output.textContent = "";
+  receiptBox.textContent = "Waiting for the call to finish…";
+  button.disabled = true;
+  try {
+    const response = await fetch(
+      "/console/api/projects/" + encodeURIComponent(projectId) + "/playground/chat/completions",
+      {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: form.elements.model.value,
+          stream: stream,
+          messages: [{ role: "user", content: form.elements.message.value }],
+        }),
+      },
+    );
+    const receiptId = response.headers.get("x-receipt-id");
+    if (!response.ok) {
+      const data = await response.json().catch(() => ({}));
+      throw new Error((data.error && data.error.message) || "The call failed.");
+    }
+    if (stream) {
+      await readEvents(response, (payload) => {
+        if (payload === "[DONE]") return;
+        const chunk = JSON.parse(payload);
+        if (chunk.error) {
+          showError(form, chunk.error.message);
+          return;
+        }
+        const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+        if (delta && delta.content) output.textContent += delta.content;
+      });
+    } else {
+      const data = await response.json();
+      output.textContent = data.choices[0].message.content || "";
+    }
+    showReceipt(receiptBox, projectId, receiptId);
+  } catch (error) {
+    showError(form, error.message);
+    receiptBox.textContent = "No receipt: nothing was billed.";
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// A run's page: its steps as they close, the budget bar, the output or error at the end.
+const BAR_WIDTH = 1000; // run_html.BAR_WIDTH
+
+function stepRow(table, position, step) {
+  const labels = Array.from(table.querySelectorAll("thead th"), (th) => th.textContent);
+  const row = document.createElement("tr");
+  const cells = [
+    String(position + 1), step.kind, step.model || step.runtime, String(step.input_tokens),
+    String(step.output_tokens), step.duration_ms + " ms", step.cost, null,
+    step.error ? step.error.message : "",
+  ];
+  cells.forEach((text, n) => {
+    const cell = document.createElement("td");
+    cell.dataset.label = labels[n];
+    if (n === 7 && step.receipt_id) {
+      const link = document.createElement("a");
+      link.href = "/proofs/" + encodeURIComponent(step.receipt_id);
+      link.textContent = step.receipt_id;
+      cell.append(link);
+    } else if (n === 6) {
+      const amount = document.createElement("span");
+      amount.className = "num";
+      amount.textContent = text;
+      cell.append(amount);
+    } else {
+      cell.textContent = n === 7 ? "none" : text;
+    }
+    row.append(cell);
+  });
+  table.tBodies[0].append(row);
+}
+
+function showSpent(run) {
+  document.getElementById("run-spent").textContent = run.spent;
+  document.getElementById("run-budget").textContent = run.budget;
+  // As run_html.spent_width: exact integers of micro-units, rounded down, capped.
+  const budget = micros(run.budget);
+  const width = budget > 0n ? (micros(run.spent) * BigInt(BAR_WIDTH)) / budget : 0n;
+  const capped = width > BigInt(BAR_WIDTH) ? BAR_WIDTH : Number(width);
+  document.getElementById("run-bar").setAttribute("width", String(capped));
+}
+
+// "12.5" -> 12500000n: an amount's decimal string in micro-units, without a float.
+function micros(amount) {
+  const [whole, fraction = ""] = amount.split(".");
+  return BigInt(whole) * 1000000n + BigInt((fraction + "000000").slice(0, 6));
+}
+
+function showEnd(run) {
+  showSpent(run);
+  document.getElementById("run").dataset.running = "false";
+  const status = document.getElementById("run-status");
+  status.textContent = run.status;
+  status.dataset.status = run.status;
+  document.getElementById("run-output").textContent = run.output || "";
+  document.getElementById("run-error").textContent =
+    run.error ? run.error.type + ": " + run.error.message : "";
+  document.getElementById("run-live").textContent = "";
+  const cancel = document.getElementById("run-cancel");
+  if (cancel) cancel.remove();
+}
+
+async function followRun(section) {
+  const api = section.dataset.api;
+  const table = document.getElementById("run-steps");
+  const live = document.getElementById("run-live");
+  let position = 0;
+  try {
+    const response = await fetch(api + "/events", { credentials: "same-origin" });
+    if (!response.ok) throw new Error("The run's events could not be read.");
+    table.tBodies[0].textContent = ""; // the stream gives every step again, in order
+    await readEvents(response, (payload, name) => {
+      const data = JSON.parse(payload);
+      if (name === "step.started") {
+        live.textContent = "Running step " + (position + 1) + ": " + data.kind + " " +
+          (data.model || data.runtime) + "…";
+      } else if (name === "step") {
+        stepRow(table, position, data);
+        position += 1;
+        live.textContent = "";
+        callApi(api, "GET").then(showSpent).catch(() => {});
+      } else if (name === "end") {
+        showEnd(data);
+      }
+    });
+  } catch (error) {
+    live.textContent = error.message + " Reload the page to see the run.";
+  }
+}
+
+const runSection = document.getElementById("run");
+if (runSection && runSection.dataset.running === "true") followRun(runSection);
+
+document.addEventListener("submit", (event) => {
+  if (event.target.id === "playground") play(event);
+  else submitForm(event);
+});
+
+document.addEventListener("click", (event) => {
+  const target = event.target.closest("button");
+  if (!target) return;
+  if (target.hasAttribute("data-logout")) {
+    callApi("/console/api/logout", "POST", {}).finally(() => {
+      window.location.assign("/console/login");
+    });
+  } else if (target.dataset.post) {
+    postButton(target);
+  } else if (target.dataset.copy) {
+    copyText(target);
+  }
+});

@@ -1,0 +1,43 @@
+"""Sign-in throttle: after N failures for one email, or M from one client address, within
+the window, sign-in answers 429 with retry-after until the oldest counted failure leaves it.
+
+Failures are rows in the database, so the count survives a restart and holds for every
+process that shares the database.
+"""
+
+from __future__ import annotations
+
+from model_gateway.gateway.config import ConsoleConfig
+from model_gateway.pipeline.errors import RateLimitExceeded
+from model_gateway.storage.base import Storage, now_s
+
+
+def subjects(email: str, address: str) -> tuple[str, str]:
+    return f"email:{email.strip().lower()}", f"addr:{address}"
+
+
+class LoginThrottle:
+    def __init__(self, storage: Storage, config: ConsoleConfig) -> None:
+        self.storage = storage
+        self.window_s = config.login_window_s
+        self.limits = (config.login_failures_per_email, config.login_failures_per_address)
+
+    async def check(self, email: str, address: str) -> None:
+        """Raise 429 while either subject has used up its failures in the window."""
+        now = now_s()
+        waits = []
+        for subject, limit in zip(subjects(email, address), self.limits, strict=True):
+            failures = await self.storage.login_failures(subject, now - self.window_s)
+            if len(failures) >= limit:
+                # Allowed again once enough of them have left the window (timestamps are
+                # whole seconds and the window's start is inclusive: hence the + 1).
+                waits.append(failures[len(failures) - limit] + self.window_s + 1 - now)
+        if waits:
+            wait = max(1, max(waits))
+            raise RateLimitExceeded("Too many failed sign-ins. Try again later.", retry_after=wait)
+
+    async def failed(self, email: str, address: str) -> None:
+        await self.storage.record_login_failure(list(subjects(email, address)), now_s())
+
+    async def succeeded(self, email: str) -> None:
+        await self.storage.clear_login_failures(subjects(email, "")[0])

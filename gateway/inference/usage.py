@@ -1,0 +1,81 @@
+"""The usage a request is billed: each count the upstream reported when it is a count,
+else the gateway's own (decisions.md, "Hardening decisions").
+
+An upstream's usage is not trusted to be well formed: a negative, fractional, textual,
+null or absurd count would make a negative cost (a settle that fails), a 500, or a
+receipt the log refuses. Any such value, or a missing one, is replaced by the gateway's
+count (`tokens.estimate_tokens`: the prompt's bytes / 4 for input, the delivered text's
+for output), and the billing says so: `Billing.usage_source` "gateway" (else "provider").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_gateway.gateway.inference.tokens import estimate_tokens
+from model_gateway.pipeline.context import Billing, Outcome, UsageSource
+
+# No model reads or writes a billion tokens in one request: a larger count is a broken
+# upstream, and sums of such counts would overflow storage's 64-bit integers.
+MAX_TOKENS = 10**9
+
+# The gateway's usage record, and where Chat Completions and Responses usage keep each count.
+KEYS = ("input_tokens", "output_tokens")
+CHAT_KEYS = ("prompt_tokens", "completion_tokens")
+RESPONSES_KEYS = KEYS
+
+
+def token_count(value: Any) -> int | None:
+    """`value` if it is a plausible token count, else None (true is no count, though an int)."""
+    if type(value) is int and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def reported(usage: Any, keys: tuple[str, str]) -> dict[str, Any]:
+    """An upstream usage object's two counts under the gateway's names, as reported."""
+    if not isinstance(usage, dict):
+        return {}
+    return {ours: usage.get(theirs) for ours, theirs in zip(KEYS, keys, strict=True)}
+
+
+def billed_usage(
+    counts: dict[str, Any], prompt: str, output: str
+) -> tuple[dict[str, int], UsageSource]:
+    """The usage to bill: each reported count that is one, the gateway's count for the rest."""
+    own = {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(output)}
+    usage: dict[str, int] = {}
+    source: UsageSource = "provider"
+    for key in KEYS:
+        count = token_count(counts.get(key))
+        if count is None:
+            count, source = own[key], "gateway"
+        usage[key] = count
+    return usage, source
+
+
+def billing(
+    outcome: Outcome, counts: dict[str, Any], prompt: str, output: str, digest: str | None
+) -> Billing:
+    usage, source = billed_usage(counts, prompt, output)
+    return Billing(outcome, usage, digest, usage_source=source)
+
+
+def cancelled(prompt: str, delivered: str = "") -> Billing:
+    """A client that left after the upstream accepted: the prompt it read, what was sent."""
+    return billing("cancelled", {}, prompt, delivered, None)
+
+
+def shown_usage(usage: Any, prompt: str, output: str, keys: tuple[str, str]) -> Any:
+    """The usage object the client gets: the upstream's, with the gateway's count in place
+    of any that is not a count, so that the answer says what the receipt says. (No usage
+    stays no usage.)"""
+    if usage is None:
+        return None
+    billed, source = billed_usage(reported(usage, keys), prompt, output)
+    if source == "provider":
+        return usage
+    shown = dict(usage) if isinstance(usage, dict) else {}
+    shown[keys[0]], shown[keys[1]] = billed["input_tokens"], billed["output_tokens"]
+    shown["total_tokens"] = billed["input_tokens"] + billed["output_tokens"]
+    return shown

@@ -1,0 +1,135 @@
+"""How the gateway logs: readable lines or one JSON object per line (`[server] log_format`),
+and the access log, one line per request.
+
+Only what an operator needs to follow a request: never keys, prompts, outputs or
+upstream bodies (the context holds the body; this module never reads it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from typing import Literal, TextIO
+
+import orjson
+
+from model_gateway.gateway.money import format_amount
+from model_gateway.pipeline.context import RequestContext
+
+access = logging.getLogger("gateway.access")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; a record's `fields` (extra) become top-level keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def configure_logging(log_format: Literal["text", "json"], level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def access_record(
+    ctx: RequestContext, method: str, path: str, status: int, seconds: float
+) -> dict[str, object]:
+    settled = ctx.hold.settlement if ctx.hold is not None else None
+    return {
+        "request_id": ctx.request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round(seconds * 1000, 3),
+        "model": ctx.model_id,
+        "provider": ctx.provider,
+        "project_id": ctx.project.id if ctx.project is not None else None,
+        "receipt_id": settled.receipt_id if settled is not None else None,
+        "cost": format_amount(settled.cost) if settled is not None else None,
+    }
+
+
+_TEXT_FIELDS = (
+    ("model", "model"),
+    ("provider", "provider"),
+    ("project", "project_id"),
+    ("receipt", "receipt_id"),
+    ("cost", "cost"),
+)
+
+
+def text_line(record: dict[str, object]) -> str:
+    words = [
+        f"{record['request_id']} {record['method']} {record['path']} {record['status']}",
+        f"{record['duration_ms']}ms",
+        *(f"{name}={record[field]}" for name, field in _TEXT_FIELDS if record[field] is not None),
+    ]
+    return " ".join(words)
+
+
+class AccessLog:
+    """The `RequestObserver` that writes the access log: one line per request on stderr.
+
+    Written straight to a buffered stream rather than through `logging`, which cost ~18 µs
+    a line (a record, a formatter and a flush each time) against ~4 µs here. Lines wait at
+    most FLUSH_S in the buffer, and are flushed at shutdown (`close`).
+    """
+
+    FLUSH_S = 0.25
+
+    def __init__(self, log_format: Literal["text", "json"], stream: TextIO | None = None) -> None:
+        self.json = log_format == "json"
+        self.out = stream or open(
+            sys.stderr.fileno(), "w", buffering=1 << 16, encoding="utf-8", closefd=False
+        )
+        self._flush_pending = False
+        self._second = 0
+        self._stamp = ""
+
+    def request_done(
+        self, ctx: RequestContext, method: str, path: str, status: int, seconds: float
+    ) -> None:
+        record = access_record(ctx, method, path, status, seconds)
+        if self.json:
+            line = orjson.dumps(
+                {"time": self._now(), "level": "info", "logger": access.name, **record}
+            )
+            self.out.write(line.decode() + "\n")
+        else:
+            self.out.write(f"{self._now()} INFO {access.name} {text_line(record)}\n")
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_later(self.FLUSH_S, self._flush)
+
+    def _now(self) -> str:
+        """The time as the text format writes it, recomputed only when the second changes."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return f"{self._stamp},{int((now - second) * 1000):03d}"
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.flush()

@@ -1,0 +1,121 @@
+"""What the gateway reads of an upstream's answers, as shapes checked at the boundary.
+
+An upstream is not trusted to answer in the shape it documents: a `choices` that is a
+string, a message that is a number, a tool call index that is a list would otherwise
+surface deep in the translators and renderers as a 500 (or an in-band internal_error).
+Each answer and each stream event is checked against the fields the gateway reads, and
+one that does not fit is the upstream's failure: `malformed` (502 provider_error, or
+in-band once a stream has started). Fields the gateway does not read are not checked;
+usage is judged later, count by count (gateway.inference.usage).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from model_gateway.gateway.providers.upstream import malformed
+
+T = TypeVar("T")
+
+
+class _Shape(msgspec.Struct, kw_only=True):
+    """Unknown fields pass; every field is optional and may be null."""
+
+
+class _Part(_Shape):
+    type: str | None = None
+    text: str | None = None
+
+
+_Content = str | list[_Part] | None
+
+
+class _Function(_Shape):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(_Shape):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Message(_Shape):
+    content: _Content = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(_Shape):
+    message: _Message | None = None
+    delta: _Message | None = None
+    finish_reason: str | None = None
+
+
+class ChatAnswer(_Shape):
+    """A chat completion, or one of its stream's chunks."""
+
+    choices: list[_Choice] | None = None
+    created: int | None = None
+
+
+class _OutputItem(_Shape):
+    type: str | None = None
+    content: _Content = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ResponsesAnswer(_Shape):
+    output: list[_OutputItem] | None = None
+
+
+class ResponsesEvent(_Shape):
+    type: str | None = None
+    sequence_number: int | None = None
+    response: ResponsesAnswer | None = None
+
+
+class _Block(_Shape):
+    type: str | None = None
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+
+
+class MessagesAnswer(_Shape):
+    """An Anthropic Messages answer."""
+
+    id: str | None = None
+    content: list[_Block] | None = None
+    stop_reason: str | None = None
+
+
+class _Delta(_Shape):
+    type: str | None = None
+    text: str | None = None
+    partial_json: str | None = None
+    stop_reason: str | None = None
+
+
+class MessagesEvent(_Shape):
+    """One event of an Anthropic Messages stream."""
+
+    type: str | None = None
+    index: int | None = None
+    message: MessagesAnswer | None = None
+    content_block: _Block | None = None
+    delta: _Delta | None = None
+
+
+def checked(provider: str, answer: dict, shape: type[Any]) -> dict:
+    """`answer` itself, once it fits `shape`; else the upstream's malformed-answer error."""
+    try:
+        msgspec.convert(answer, shape)
+    except msgspec.ValidationError:
+        raise malformed(provider) from None
+    return answer

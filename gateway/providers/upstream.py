@@ -1,0 +1,266 @@
+"""The provider interface, and the HTTP plumbing the OpenAI and Anthropic providers share.
+
+A provider speaks OpenAI Chat Completions to the gateway whatever it speaks upstream:
+`chat` takes a Chat Completions request (a dict, `model` already the upstream name) and
+returns a completion; `chat_stream` yields completion chunks and, last, a usage chunk
+(`choices: []`, `usage: {...}`) whenever the upstream reported usage. A provider with
+a native Responses endpoint also passes Responses requests through as they are.
+
+Every upstream failure leaves here as a GatewayError (`upstream_error`); no upstream
+body or credential is ever put in one. Timeouts are the caller's (one rule for all).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import aiohttp
+import orjson
+
+from model_gateway.gateway.config import ProviderConfig
+from model_gateway.gateway.inference.sse import Event, SSEDecoder
+from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
+
+log = logging.getLogger("gateway.providers")
+
+_CONNECT_TIMEOUT_S = 10.0
+
+
+class ResponsesUnsupported(Exception):
+    """The upstream has no Responses endpoint: serve the request by translating to chat."""
+
+
+class Acceptance:
+    """Whether the upstream accepted one call (answered 2xx): from then on it has read the
+    prompt, so a client that leaves still owes it; before, a cancel is free."""
+
+    __slots__ = ("accepted",)
+
+    def __init__(self) -> None:
+        self.accepted = False
+
+    def accept(self) -> None:
+        self.accepted = True
+
+
+class Provider:
+    kind: str = ""
+    # True: has a Responses endpoint; False: has none; None: not known yet (try it).
+    native_responses: bool | None = False
+
+    def __init__(self, name: str, config: ProviderConfig) -> None:
+        self.name = name
+        self.config = config
+
+    async def start(self) -> None:
+        """Open what the provider keeps between requests."""
+
+    async def close(self) -> None:
+        """Close it."""
+
+    # Each call marks its `acceptance` once the upstream accepted the request.
+
+    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+        """One Chat Completions request, answered whole."""
+        raise NotImplementedError
+
+    def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+        """Chat completion chunks as they arrive, then a usage chunk when usage is known."""
+        raise NotImplementedError
+
+    async def responses(self, request: dict, acceptance: Acceptance) -> dict:
+        """One Responses request passed through, answered whole."""
+        raise ResponsesUnsupported
+
+    def responses_stream(
+        self, request: dict, acceptance: Acceptance
+    ) -> AsyncIterator[tuple[str, dict]]:
+        """(event name, payload) pairs of a native Responses stream."""
+        raise ResponsesUnsupported
+
+
+class UpstreamFailure(ProviderError):
+    """A provider failure (502 to the client) with the reason the operator is told and the
+    routing decides on (gateway.routing.failures). `detail` is safe to log: an HTTP status
+    or an exception's class name, never a body or an exception's text."""
+
+    def __init__(self, reason: str, message: str | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
+
+
+# Logged once per failed attempt by the caller, with the request id (routing.attempts).
+
+
+def upstream_error(provider: str, status: int) -> GatewayError:
+    """The gateway's error for an upstream HTTP status (the body is never looked at)."""
+    detail = f"HTTP {status}"
+    if status in (401, 403, 407):
+        return UpstreamFailure("credentials_rejected", detail=detail)
+    if status == 429:
+        return UpstreamFailure("rate_limited", detail=detail)
+    if status >= 500:
+        return UpstreamFailure("server_error", detail=detail)
+    if status == 408 or status < 400:
+        return UpstreamFailure("bad_response", detail=detail)
+    return InvalidRequest(f"The provider rejected the request as invalid (HTTP {status}).")
+
+
+def stream_ended_early(provider: str) -> ProviderError:
+    return UpstreamFailure(
+        "bad_response",
+        "The upstream provider's stream ended before it was complete.",
+        detail="stream ended early",
+    )
+
+
+def reported_error(provider: str) -> ProviderError:
+    return UpstreamFailure("bad_response", detail="error reported in the stream")
+
+
+def malformed(provider: str) -> ProviderError:
+    return UpstreamFailure(
+        "bad_response", "The upstream provider sent a malformed response.", detail="malformed"
+    )
+
+
+def unreachable(provider: str, exc: BaseException) -> ProviderError:
+    # The class name only: an exception's text may quote a URL or a header.
+    return UpstreamFailure("unreachable", detail=type(exc).__name__)
+
+
+async def _on_reuse(session, trace_ctx, params) -> None:
+    trace_ctx.trace_request_ctx.reused = True
+
+
+# Tells `_post` whether a request went out on a pooled (reused) connection.
+_REUSE_TRACE = aiohttp.TraceConfig()
+_REUSE_TRACE.on_connection_reuseconn.append(_on_reuse)
+_REUSE_TRACE.freeze()
+# What a request on a connection the upstream had already closed fails with.
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+def parse_json(provider: str, raw: bytes | str) -> dict:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise malformed(provider) from None
+    if not isinstance(value, dict):
+        raise malformed(provider)
+    return value
+
+
+class HttpProvider(Provider):
+    """An upstream reached over HTTP through one pooled aiohttp session."""
+
+    missing_endpoint_statuses = frozenset({404, 405, 501})
+
+    def __init__(self, name: str, config: ProviderConfig) -> None:
+        super().__init__(name, config)
+        self.base_url = (config.base_url or "").rstrip("/")
+        self.session: aiohttp.ClientSession | None = None
+        # One-shot connections for the retry after a stale pooled one (see `_send`).
+        self.fresh_session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=timeout,
+            auto_decompress=True,
+            trace_configs=[_REUSE_TRACE],
+        )
+        self.fresh_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True),
+            timeout=timeout,
+            auto_decompress=True,
+        )
+
+    async def close(self) -> None:
+        for session in (self.session, self.fresh_session):
+            if session is not None:
+                await session.close()
+        self.session = self.fresh_session = None
+
+    def headers(self) -> dict[str, str]:
+        """Credential and protocol headers for every upstream request."""
+        return {}
+
+    async def _post(
+        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+    ) -> aiohttp.ClientResponse:
+        """POST, and return the response only if it succeeded (the caller closes it)."""
+        if self.session is None:
+            raise ProviderError()
+        headers = {"content-type": "application/json", **self.headers()}
+        data = orjson.dumps(body)
+        pooled = SimpleNamespace(reused=False)  # set by _REUSE_TRACE
+        try:
+            response = await self._send(self.session, path, data, headers, pooled)
+        except _STALE as exc:
+            if not pooled.reused or isinstance(exc, aiohttp.ClientConnectorError):
+                raise unreachable(self.name, exc) from None
+            # A pooled connection the upstream had closed while it sat idle: the request
+            # never reached a live server. Once, on a new connection; not a failure.
+            log.info("provider %s: pooled connection was stale; retrying on a fresh one", self.name)
+            try:
+                response = await self._send(self.fresh_session, path, data, headers, pooled)
+            except (aiohttp.ClientError, OSError) as exc:
+                raise unreachable(self.name, exc) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise unreachable(self.name, exc) from None
+        if response.status < 300:
+            acceptance.accept()
+            return response
+        response.close()  # unread: the error body is never looked at
+        if optional_endpoint and response.status in self.missing_endpoint_statuses:
+            raise ResponsesUnsupported
+        raise upstream_error(self.name, response.status)
+
+    async def _send(self, session, path: str, data: bytes, headers: dict, pooled):
+        if session is None:
+            raise ProviderError()
+        # No redirects: a credential header must never follow one to another host.
+        return await session.post(
+            self.base_url + path,
+            data=data,
+            headers=headers,
+            allow_redirects=False,
+            trace_request_ctx=pooled,
+        )
+
+    async def post_json(
+        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+    ) -> dict:
+        response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
+        try:
+            raw = await response.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise unreachable(self.name, exc) from None
+        finally:
+            response.close()
+        return parse_json(self.name, raw)
+
+    async def post_events(
+        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+    ) -> AsyncIterator[Event]:
+        """The upstream's SSE events as they arrive. Closing this closes the connection."""
+        response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
+        decoder = SSEDecoder()
+        try:
+            chunks = response.content.iter_any()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except (aiohttp.ClientError, OSError) as exc:
+                    raise unreachable(self.name, exc) from None
+                for event in decoder.feed(chunk):
+                    yield event
+        finally:
+            response.close()  # synchronous: the connection goes at once, even when cancelled

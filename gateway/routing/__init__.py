@@ -1,0 +1,1 @@
+"""Routing resilience: which provider to try next, and which ones to leave alone a while."""

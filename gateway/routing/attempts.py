@@ -1,0 +1,105 @@
+"""The attempt chain of one request: the model's provider, then its fallbacks, in order.
+
+An attempt fails over to the next provider only while nothing reached the client (a
+stream is returned only once its first upstream event arrived, so every failure seen
+here is before the first byte) and only for the provider's own faults
+(routing.failures.RETRYABLE). Providers whose breaker is open are skipped without a
+connection attempt. The hold was taken before dispatch, at the model's prices: it covers
+the whole chain. Each failed attempt is logged once, with the request id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from model_gateway.gateway.routing.failures import RETRYABLE, WORDS, reason_of
+from model_gateway.pipeline.errors import GatewayError, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.metrics import Metrics
+    from model_gateway.gateway.providers import Provider, Providers
+    from model_gateway.pipeline.context import RequestContext
+
+log = logging.getLogger("gateway.routing")
+
+# Serves the request with one provider and the upstream model name to send it.
+Serve = Callable[["Provider", str], Awaitable[Any]]
+
+
+def routes(ctx: RequestContext) -> list[tuple[str, str]]:
+    """(provider, upstream model name) in the order they are tried."""
+    model = ctx.model
+    first = model.upstream or ctx.model_id
+    chain = [(model.provider, first)]
+    chain += [(f.provider, f.upstream or first) for f in model.fallbacks]
+    return chain
+
+
+async def attempt_chain(
+    ctx: RequestContext, providers: Providers, metrics: Metrics | None, serve: Serve
+):
+    """The first answer of the chain; else the last attempt's error; else (everything
+    skipped by its breaker) 503 with retry-after."""
+    last_error: GatewayError | None = None
+    skipped: list[int] = []
+    for name, upstream in routes(ctx):
+        provider = providers[name]
+        if not provider.config.configured:
+            continue  # a fallback without its credential: nothing to try (logged at start)
+        breaker = providers.breakers[name]
+        if not breaker.allow():
+            skipped.append(breaker.retry_after_s())
+            continue
+        if metrics is not None:
+            metrics.upstream_attempts.labels(name).inc()
+        try:
+            response = await serve(provider, upstream)
+        except GatewayError as error:
+            reason = reason_of(error)
+            _failed(ctx, name, reason, error, metrics)
+            if reason not in RETRYABLE:
+                breaker.success()  # it answered: alive, though it refused this request
+                raise
+            breaker.failure()
+            last_error = error
+            continue
+        except BaseException:
+            breaker.abandoned()  # the client left, or a bug: no verdict on the provider
+            raise
+        breaker.success()
+        ctx.provider = name
+        response.headers["x-gateway-provider"] = name
+        return response
+    if last_error is not None:
+        raise last_error
+    if skipped:
+        raise ServiceUnavailable(
+            "Every provider of this model is failing; try again later.",
+            retry_after=min(skipped),
+        )
+    raise ServiceUnavailable("No provider of this model is configured.")
+
+
+def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics) -> None:
+    if metrics is not None:
+        metrics.upstream_failures.labels(provider, reason).inc()
+    detail = getattr(error, "detail", "") or error.status
+    if reason == "credentials_rejected":
+        message = "credentials rejected by provider %s (%s) request_id=%s"
+        log.warning(message, provider, detail, ctx.request_id, extra=_fields(ctx, provider, reason))
+        return
+    log.warning(
+        "provider %s failed: %s (%s) request_id=%s",
+        provider,
+        WORDS.get(reason, reason),
+        detail,
+        ctx.request_id,
+        extra=_fields(ctx, provider, reason),
+    )
+
+
+def _fields(ctx, provider: str, reason: str) -> dict:
+    # Top-level keys of the JSON log line (gateway.logs.JsonFormatter).
+    return {"fields": {"request_id": ctx.request_id, "provider": provider, "reason": reason}}

@@ -1,0 +1,38 @@
+"""Why an upstream attempt failed, and whether another provider may be tried for it.
+
+A fallback is tried (and the breaker counts a failure) for what is the provider's fault:
+unreachable, timeout, a 5xx, a 429, a bad response. A 4xx other than 429 is the
+client's fault and ends the chain. A 401/403 means the gateway's credential for that
+provider was refused: the client gets 502 as the spec says, the operator a log line
+naming the provider, and no fallback (decisions.md: only 429 among the 4xx).
+"""
+
+from __future__ import annotations
+
+from model_gateway.gateway.providers.upstream import UpstreamFailure
+from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderTimeout
+
+# Reasons that move on to the next provider and count against the breaker.
+RETRYABLE = frozenset({"unreachable", "timeout", "server_error", "rate_limited", "bad_response"})
+
+# What an operator reads in the log for each reason.
+WORDS = {
+    "unreachable": "unreachable",
+    "timeout": "timed out",
+    "server_error": "server error",
+    "rate_limited": "rate limited",
+    "bad_response": "bad response",
+    "credentials_rejected": "credentials rejected",
+    "client_error": "request rejected as invalid",
+    "error": "failed",
+}
+
+
+def reason_of(error: GatewayError) -> str:
+    if isinstance(error, UpstreamFailure):
+        return error.reason
+    if isinstance(error, ProviderTimeout):
+        return "timeout"
+    if isinstance(error, InvalidRequest):
+        return "client_error"
+    return "error"

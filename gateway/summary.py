@@ -1,0 +1,34 @@
+"""The start-up summary: what this gateway serves, and for each provider and model whether it
+is ready or, in plain words, why not."""
+
+from __future__ import annotations
+
+from model_gateway.gateway.config import Config
+
+
+def redacted_storage_url(url: str) -> str:
+    """A storage URL without its password (postgresql://user:secret@host/db)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
+
+
+def startup_summary(config: Config) -> list[str]:
+    lines = [f"config {config.source}", f"storage {redacted_storage_url(config.storage_url)}"]
+    for name, provider in config.providers.items():
+        why = provider.not_ready_because()
+        lines.append(f"provider {name} ({provider.kind}): {_state(why)}")
+    for model_id, model in config.models.items():
+        why = config.providers[model.provider].not_ready_because()
+        if not model.available:
+            why = "marked available = false"
+        elif not model.priced:
+            why = "no price configured (input_price_per_mtok, output_price_per_mtok)"
+        lines.append(f"model {model_id} via {model.provider}: {_state(why)}")
+    return lines
+
+
+def _state(why_not: str | None) -> str:
+    return f"not ready: {why_not}" if why_not else "ready"

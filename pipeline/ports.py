@@ -1,0 +1,97 @@
+"""What the stages need from outside, as small protocols the host application implements.
+
+The gateway implements them over its storage and configuration (`gateway.keyring`,
+`gateway.metering`, `gateway.catalog`); `pipeline.memory` implements them in memory for
+tests and for hosts that embed the chain without a database. Both pass one contract suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from model_gateway.pipeline.context import RequestContext, Settlement
+
+
+class KeyInfo(Protocol):
+    """What the stages read of an API key."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def scopes(self) -> frozenset[str]: ...
+    @property
+    def models(self) -> list[str] | None: ...  # None: every model the project allows
+    @property
+    def rpm(self) -> int | None: ...  # None: the configured default
+
+
+class ProjectInfo(Protocol):
+    """What the stages read of the project a request is attributed to."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def rpm(self) -> int | None: ...
+    @property
+    def allow_models(self) -> list[str] | None: ...
+    @property
+    def exclude_models(self) -> list[str]: ...
+
+
+class KeyLookup(Protocol):
+    async def authenticate(self, presented: str) -> tuple[KeyInfo, ProjectInfo]:
+        """The key and its project; raise InvalidApiKey (unknown, revoked, expired, wrong
+        secret: one message for all) or Forbidden (archived project)."""
+        ...
+
+
+class ModelInfo(Protocol):
+    @property
+    def supports_tools(self) -> bool: ...
+
+
+class ModelCatalog(Protocol):
+    def get(self, model_id: str) -> ModelInfo | None: ...
+    def available(self, model: ModelInfo) -> bool: ...
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
+        """Take one request from every (name, rpm) bucket, or from none; 0, or the whole
+        seconds to wait."""
+        ...
+
+
+class RequestObserver(Protocol):
+    def request_done(
+        self, ctx: RequestContext, method: str, path: str, status: int, seconds: float
+    ) -> None:
+        """Called once per request when its response is over (or it failed); must not raise
+        and must not block: it runs on the request path."""
+        ...
+
+
+class Reserved(Protocol):
+    """A reservation as the meter made it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def amount(self) -> int: ...  # micro-units held
+
+
+class Meter(Protocol):
+    async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+        """Hold `amount` atomically against every limit, or raise BudgetExceeded /
+        InsufficientBalance."""
+        ...
+
+    async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
+        """Charge the settlement (never above the hold), store its receipt and close the
+        hold, atomically; raise when nothing was committed."""
+        ...
+
+    async def release(self, reservation: Reserved) -> None:
+        """Close the hold without a charge, if it is still open."""
+        ...

@@ -1,0 +1,109 @@
+"""`gateway doctor` over a real deployment: every failure it names, in plain words, and a
+clean bill of health once everything is in place."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.sandbox_e2e.helpers import NodeProcess, sandbox_config
+from tests.support.gateway_process import GATEWAY, GatewayProcess, free_port
+
+
+def doctor(process: GatewayProcess, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    done = subprocess.run(
+        [GATEWAY, "doctor", "--config", str(process.config_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**process.env, **(env or {})},
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def problems(report: dict) -> dict[str, str]:
+    return {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}
+
+
+CREDENTIAL = """
+[providers.remote]
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "GATEWAY_DOCTOR_TEST_KEY"
+
+[models."remote-1"]
+provider = "remote"
+input_price_per_mtok = "1"
+output_price_per_mtok = "1"
+"""
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A deployment that has been served once (database and secrets exist)."""
+    process = GatewayProcess(tmp_path, extra_config=CREDENTIAL)
+    process.start()
+    process.stop()
+    return process
+
+
+def test_a_healthy_deployment_passes(served):
+    code, report = doctor(served, {"GATEWAY_DOCTOR_TEST_KEY": "sk-test"})
+    assert (code, problems(report), report["ok"]) == (0, {}, True)
+    names = {c["name"] for c in report["checks"]}
+    assert {"config", "storage", "key pepper", "signing key", "provider remote"} <= names
+
+
+def test_a_missing_credential_names_the_variable(served):
+    code, report = doctor(served, {"GATEWAY_DOCTOR_TEST_KEY": ""})
+    assert code == 1
+    assert problems(report) == {
+        "provider remote": "GATEWAY_DOCTOR_TEST_KEY is not set: requests to remote-1 answer 503"
+    }
+
+
+def test_a_secret_readable_by_others_is_named_with_the_fix(served):
+    pepper = served.folder / "data" / "key-pepper"
+    pepper.chmod(0o644)
+    _, report = doctor(served, {"GATEWAY_DOCTOR_TEST_KEY": "sk-test"})
+    assert problems(report) == {
+        "key pepper": f"{pepper} is mode 0644: others can read it; chmod 0600"
+    }
+
+
+def test_a_deployment_never_served_says_serve_creates_it(tmp_path):
+    process = GatewayProcess(tmp_path)
+    _, report = doctor(process)
+    found = problems(report)
+    assert "`gateway serve` creates it" in found["storage"]
+    assert "`gateway serve` creates it" in found["key pepper"]
+
+
+def test_a_broken_config_is_named_and_nothing_else_is_checked(tmp_path):
+    process = GatewayProcess(tmp_path)
+    process.config_path.write_text(process.config_path.read_text() + "\n[server]\nprot = 1\n")
+    code, report = doctor(process)
+    assert code == 1
+    assert [c["name"] for c in report["checks"]] == ["config"]
+    assert "server" in report["checks"][0]["detail"]
+
+
+def test_an_unreachable_node_is_named(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    process = GatewayProcess(tmp_path, extra_config=sandbox_config(url, tmp_path / "s"))
+    _, report = doctor(process)
+    assert problems(report)["sandbox node"].startswith(f"{url} is not reachable")
+
+
+def test_a_reachable_isolated_node_passes(tmp_path):
+    node = NodeProcess(tmp_path).start()
+    try:
+        process = GatewayProcess(tmp_path, extra_config=sandbox_config(node.url, node.secret_file))
+        _, report = doctor(process)
+    finally:
+        node.stop()
+    assert "sandbox node" not in problems(report)
+    check = next(c for c in report["checks"] if c["name"] == "sandbox node")
+    assert check["detail"].startswith("reachable and isolated")

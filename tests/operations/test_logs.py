@@ -1,0 +1,84 @@
+"""What `gateway serve` writes: the start-up summary, one access line per request in the
+chosen format, and never a key, a prompt or an output."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.support.gateway_process import GatewayProcess
+from tests.support.http import bearer, chat_body
+
+PROMPT = "a prompt marker 7f3e9c that must never be logged"
+UNSET_PROVIDER = """
+[providers.elsewhere]
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "GATEWAY_TEST_CREDENTIAL_NEVER_SET"
+
+[models."far-1"]
+provider = "elsewhere"
+input_price_per_mtok = "1"
+output_price_per_mtok = "1"
+"""
+
+
+def serve(folder, log_format: str) -> GatewayProcess:
+    process = GatewayProcess(
+        folder, server_extra=f'log_format = "{log_format}"', extra_config=UNSET_PROVIDER
+    )
+    return process.start()
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_one_access_line_per_request_without_secrets(tmp_path, log_format):
+    process = serve(tmp_path, log_format)
+    try:
+        project = process.create_project("logs", "--balance", "1")
+        key = process.create_key(project, "inference")
+        body = chat_body(messages=[{"role": "user", "content": PROMPT}])
+        done = httpx.post(process.url + "/v1/chat/completions", json=body, headers=bearer(key))
+        assert done.status_code == 200
+        missing = httpx.get(process.url + "/v1/nope", headers=bearer(key))
+    finally:
+        process.stop()
+    log = process.log()
+    assert PROMPT not in log and key not in log and key[18:] not in log
+    assert done.json()["choices"][0]["message"]["content"] not in log
+    request_id, receipt = done.headers["x-request-id"], done.headers["x-receipt-id"]
+    lines = [line for line in log.splitlines() if request_id in line]
+    assert len(lines) == 1
+    if log_format == "json":
+        records = [json.loads(line) for line in log.splitlines()]  # every line is JSON
+        entry = next(r for r in records if r.get("request_id") == request_id)
+        assert entry["method"] == "POST" and entry["path"] == "/v1/chat/completions"
+        assert entry["status"] == 200 and entry["model"] == "echo-1"
+        assert entry["project_id"] == project and entry["receipt_id"] == receipt
+        assert float(entry["cost"]) > 0 and entry["duration_ms"] > 0
+        other = next(r for r in records if r.get("request_id") == missing.headers["x-request-id"])
+        assert other["status"] == 404 and other["receipt_id"] is None
+    else:
+        line = lines[0]
+        assert f"{request_id} POST /v1/chat/completions 200 " in line
+        for part in ("model=echo-1", f"project={project}", f"receipt={receipt}", "cost=0.0"):
+            assert part in line
+
+
+def test_the_start_up_summary_names_what_is_ready_and_why_not(tmp_path):
+    process = serve(tmp_path, "text")
+    process.stop()
+    log = process.log()
+    assert f"listening on http://127.0.0.1:{process.port}" in log
+    assert f"config {process.config_path}" in log
+    assert "provider local (echo): ready" in log
+    assert (
+        "provider elsewhere (openai): not ready: GATEWAY_TEST_CREDENTIAL_NEVER_SET is not set"
+        in log
+    )
+    assert "model echo-1 via local: ready" in log
+    assert (
+        "model far-1 via elsewhere: not ready: GATEWAY_TEST_CREDENTIAL_NEVER_SET is not set" in log
+    )
+    assert "model echo-off via local: not ready: marked available = false" in log
