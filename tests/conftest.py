@@ -76,6 +76,14 @@ def fresh_storage_url(request, tmp_path):
         yield url
 
 
+@pytest.fixture
+def fresh_postgres_url(request):
+    """An empty PostgreSQL database of this test's own: several gateway processes share it."""
+    request.getfixturevalue("postgres_url")  # the server check: skip, or fail in CI
+    with postgres_database() as url:
+        yield url
+
+
 def pytest_terminal_summary(terminalreporter):
     if _postgres_skipped:
         skipped = [r for r in terminalreporter.stats.get("skipped", []) if "postgres" in r.keywords]

@@ -25,11 +25,11 @@ cors_origins = {cors_origins}
 {server_extra}
 
 [storage]
-url = "sqlite:///data/gateway.db"
+url = "{storage_url}"
 
 [secrets]
-key_pepper_file = "data/key-pepper"
-signing_key_file = "data/signing-key"
+key_pepper_file = "{secrets_dir}/key-pepper"
+signing_key_file = "{secrets_dir}/signing-key"
 
 [limits]
 gateway_timeout_s = {gateway_timeout_s}
@@ -94,7 +94,11 @@ class GatewayProcess:
         default_rpm: int = 100_000,
         env: dict[str, str] | None = None,
         server_extra: str = "",
+        storage_url: str = "sqlite:///data/gateway.db",
+        secrets_dir: str = "data",
     ) -> None:
+        """Instances of one deployment share `storage_url` (PostgreSQL) and `secrets_dir`
+        (an absolute folder): the same key pepper and log key."""
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -108,6 +112,8 @@ class GatewayProcess:
                 gateway_timeout_s=gateway_timeout_s,
                 default_rpm=default_rpm,
                 server_extra=server_extra,
+                storage_url=storage_url,
+                secrets_dir=secrets_dir,
             )
             + extra_config
         )
