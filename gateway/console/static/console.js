@@ -62,6 +62,8 @@ function reveal(secret) {
   const panel = document.getElementById("reveal");
   document.getElementById("reveal-value").textContent = secret;
   panel.hidden = false;
+  // The list above is from before this key: its "No key yet." would contradict the panel.
+  document.querySelectorAll("p.empty").forEach((empty) => { empty.hidden = true; });
   panel.scrollIntoView({ block: "nearest" });
 }
 
