@@ -1,6 +1,7 @@
-"""The storage side of the log's one sequencer: an append is a compare-and-set on the
-stored tree size (every backend), and the sequencer lock (PostgreSQL: a session advisory
-lock) is held by one handle at a time and freed when its holder dies or hangs."""
+"""The log's one sequencer. In storage: an append is a compare-and-set on the stored tree
+size (every backend), and the sequencer lock (PostgreSQL: a session advisory lock) is held
+by one handle at a time and freed when its holder dies or hangs. In the log: only the
+holder integrates, the others serve its tree, and a stale holder can never fork it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ import asyncio
 import time
 
 import asyncpg  # type: ignore[import-untyped]
+import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from model_gateway.gateway.proofs.log import Pending, TransparencyLog
+from model_gateway.gateway.proofs.log_key import SigningKey
+from model_gateway.gateway.proofs.merkle import verify_consistency
+from model_gateway.gateway.proofs.verify import verify_proof_document
 from model_gateway.storage import StateConflict, open_storage
 from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
+
+KEY = SigningKey(Ed25519PrivateKey.generate())
 
 # The PostgreSQL session setting after which the server ends a silent holder's session.
 IDLE_S = 5
@@ -173,3 +182,138 @@ async def test_a_hung_holder_loses_the_lock_to_the_server(fresh_postgres_url):
     finally:
         await a.close()
         await b.close()
+
+
+# --- the log, on PostgreSQL: two processes' logs, one storage handle each ----------------
+
+
+def as_json(doc) -> dict:
+    return msgspec.json.decode(msgspec.json.encode(doc))
+
+
+@pytest.fixture
+async def two_logs(fresh_postgres_url):
+    """Two processes' logs on one database, started in turn, looping fast."""
+    handles = [await open_storage(fresh_postgres_url) for _ in range(2)]
+    logs = [TransparencyLog(h, KEY, interval_s=0.02, follow_s=0.05) for h in handles]
+    for log in logs:
+        await log.start()
+    yield logs
+    for log, handle in zip(logs, handles, strict=True):
+        await log.stop()
+        await handle.close()
+
+
+async def proven(log: TransparencyLog, receipt_id: str) -> dict:
+    """The receipt's proof from `log`, waiting while it is pending (at most 3 s)."""
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            return as_json(await log.proof(receipt_id))
+        except Pending:
+            assert time.monotonic() < deadline, "never integrated"
+            await asyncio.sleep(0.02)
+
+
+async def assert_one_tree(storage, log: TransparencyLog) -> None:
+    """Every stored head is a prefix of the latest: one tree, no fork, no gap."""
+    latest = await storage.tree_head()
+    for size in range(1, latest.size):
+        earlier = await storage.tree_head(size)
+        if earlier is None:
+            continue
+        _, _, proof = await log.consistency(size, latest.size)
+        assert verify_consistency(
+            size,
+            latest.size,
+            bytes.fromhex(earlier.root_hash),
+            bytes.fromhex(latest.root_hash),
+            proof,
+        )
+
+
+@pytest.mark.postgres
+async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(
+    two_logs, settle_on
+):
+    sequencer, follower = two_logs
+    assert sequencer.sequencer and not follower.sequencer
+    integrations = []  # whether the follower was sequencer at each of its integrations
+    integrate = follower.integrate
+
+    async def counted() -> int:
+        integrations.append(follower.sequencer)
+        return await integrate()
+
+    follower.integrate = counted  # type: ignore[method-assign]
+    settled = []
+    for log in two_logs:  # receipts settled by both processes
+        settle = await settle_on(log.storage)
+        settled += [await settle() for _ in range(4)]
+    docs = [await proven(follower, r.id) for r in settled]
+    assert sorted(doc["leaf_index"] for doc in docs) == list(range(8))
+    assert all(verify_proof_document(doc, KEY.public_key).ok for doc in docs)
+    assert follower.size == sequencer.size == 8
+    assert not follower.sequencer
+    assert await follower.checkpoint() == await sequencer.checkpoint()
+    await assert_one_tree(follower.storage, follower)
+    assert integrations == []
+
+    # The sequencer stops (its session ends): the follower takes over and goes on.
+    await sequencer.stop()
+    await sequencer.storage.close()
+    deadline = time.monotonic() + 2
+    while not follower.sequencer:
+        assert time.monotonic() < deadline, "no takeover"
+        await asyncio.sleep(0.02)
+    settle = await settle_on(follower.storage)
+    later = [await settle() for _ in range(3)]
+    for n, receipt in enumerate(later, 8):
+        doc = await proven(follower, receipt.id)
+        assert doc["leaf_index"] == n
+        assert verify_proof_document(doc, KEY.public_key).ok
+    await assert_one_tree(follower.storage, follower)
+    assert integrations and all(integrations)
+
+
+@pytest.mark.postgres
+async def test_a_stale_sequencer_loses_its_append_and_steps_down(
+    two_logs, settle_on, fresh_postgres_url
+):
+    stale, successor = two_logs
+    for log in two_logs:
+        log._task.cancel()  # each step by hand
+    settle = await settle_on(stale.storage)
+    first = await settle()
+    assert await stale.integrate() == 1
+    second = await settle()
+    append = stale.storage.append_log_tiles
+
+    async def paused_before_append(*args):
+        # The stale sequencer stops right before its append. The server ends its silent
+        # session, the successor takes the lock and integrates the same receipt first.
+        [holder] = await lock_holders(fresh_postgres_url)
+        await end_session(fresh_postgres_url, holder)
+        deadline = time.monotonic() + 2
+        while not await successor._claim():
+            assert time.monotonic() < deadline, "no takeover"
+            await asyncio.sleep(0.02)
+        assert successor.size == 1  # the right edge reloaded from the stored tiles
+        assert await successor.integrate() == 1
+        return await append(*args)  # then the stale one wakes up: its append from size 1
+
+    stale.storage.append_log_tiles = paused_before_append
+    with pytest.raises(StateConflict):
+        await stale.integrate()
+    stale.storage.append_log_tiles = append
+    assert stale.size == 2  # it reloaded the stored tree
+    assert not await stale._claim() and not stale.sequencer  # and steps down
+    third = await settle()
+    assert await successor.integrate() == 1
+    storage = successor.storage
+    indexes = [await storage.log_entry_index(r.id) for r in (first, second, third)]
+    assert indexes == [0, 1, 2]
+    assert [(await storage.tree_head(n)).size for n in (1, 2, 3)] == [1, 2, 3]
+    for log in two_logs:
+        assert verify_proof_document(as_json(await log.proof(third.id)), KEY.public_key).ok
+    await assert_one_tree(storage, successor)
