@@ -100,9 +100,12 @@ _RECONNECT_S = 1.0
 
 # The driver's failures: the database, the connection or the driver (never a bug of ours).
 # ValueError: a malformed DSN; OverflowError: an integer PostgreSQL cannot hold.
+# InternalClientError: a connection the server ended under a query (seen when a paused
+# process wakes up and uses a session the server closed meanwhile).
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     asyncio.TimeoutError,
     ValueError,
