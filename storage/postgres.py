@@ -877,6 +877,7 @@ class PostgresStorage(Storage):
         if conn is not None:
             conn.terminate()
 
+    # --- the console -----------------------------------------------------------------
 
     async def create_user(self, user: UserRecord, role: str | None) -> UserRecord:
         async def create(conn: Connection) -> str:

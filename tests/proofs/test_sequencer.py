@@ -233,9 +233,7 @@ async def assert_one_tree(storage, log: TransparencyLog) -> None:
 
 
 @pytest.mark.postgres
-async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(
-    two_logs, settle_on
-):
+async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(two_logs, settle_on):
     sequencer, follower = two_logs
     assert sequencer.sequencer and not follower.sequencer
     integrations = []  # whether the follower was sequencer at each of its integrations
