@@ -157,12 +157,12 @@ async def test_one_handle_holds_the_lock_until_its_session_ends(fresh_postgres_u
         [holder] = await lock_holders(fresh_postgres_url)
         # a's process dies (kill -9 closes its socket): its session ends, the lock is free.
         await end_session(fresh_postgres_url, holder)
-        await claimed_within(b, 2)
+        await claimed_within(b, 5)
         assert not await a.claim_log_sequencer()  # a finds its session gone: not the sequencer
         assert not await a.claim_log_sequencer()  # and a new session of a cannot have it
         assert len(await lock_holders(fresh_postgres_url)) == 1
         await b.close()  # a graceful stop frees it too
-        await claimed_within(a, 2)
+        await claimed_within(a, 5)
     finally:
         await a.close()
         await b.close()
@@ -176,7 +176,7 @@ async def test_a_hung_holder_loses_the_lock_to_the_server(fresh_postgres_url):
         assert await a.claim_log_sequencer()
         # a stops calling (its event loop is stuck, or its host is cut off): the server
         # ends its idle session after IDLE_S and b, claiming as followers do, takes over.
-        waited = await claimed_within(b, IDLE_S + 3)
+        waited = await claimed_within(b, IDLE_S + 5)
         assert IDLE_S - 1 < waited
         assert not await a.claim_log_sequencer()
     finally:
@@ -205,8 +205,8 @@ async def two_logs(fresh_postgres_url):
 
 
 async def proven(log: TransparencyLog, receipt_id: str) -> dict:
-    """The receipt's proof from `log`, waiting while it is pending (at most 3 s)."""
-    deadline = time.monotonic() + 3
+    """The receipt's proof from `log`, waiting while it is pending (at most 10 s)."""
+    deadline = time.monotonic() + 10
     while True:
         try:
             return as_json(await log.proof(receipt_id))
@@ -260,7 +260,7 @@ async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(two_
     # The sequencer stops (its session ends): the follower takes over and goes on.
     await sequencer.stop()
     await sequencer.storage.close()
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 5
     while not follower.sequencer:
         assert time.monotonic() < deadline, "no takeover"
         await asyncio.sleep(0.02)
@@ -292,7 +292,7 @@ async def test_a_stale_sequencer_loses_its_append_and_steps_down(
         # session, the successor takes the lock and integrates the same receipt first.
         [holder] = await lock_holders(fresh_postgres_url)
         await end_session(fresh_postgres_url, holder)
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 5
         while not await successor._claim():
             assert time.monotonic() < deadline, "no takeover"
             await asyncio.sleep(0.02)

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.postgres
 
 # A follower tries for the lock every second; a hung holder's session is ended by the
 # server after 5 s of silence (storage/postgres.py). Deadlines with room for a busy CPU.
-TAKEOVER_S = 5.0
-HUNG_TAKEOVER_S = 12.0
+TAKEOVER_S = 10.0
+HUNG_TAKEOVER_S = 15.0
 
 
 class Instance:
