@@ -78,10 +78,13 @@ class CoreHandlers:
             await self.gateway.storage.health()
         except StorageError:
             raise ServiceUnavailable("The gateway's storage is not answering.") from None
-        # Detail beside the status (decisions.md allows it): each provider's breaker.
+        # Detail beside the status (decisions.md allows it): each provider's breaker, and
+        # whether this instance is the log's sequencer (one instance of a deployment is).
         states = self.gateway.providers.breakers.states()
         providers = {name: {"breaker": state} for name, state in states.items()}
-        return json_response({"status": "ok", "providers": providers})
+        proofs = self.gateway.transparency_log
+        transparency_log = {"sequencer": proofs.sequencer, "size": proofs.size}
+        return json_response({"status": "ok", "providers": providers, "log": transparency_log})
 
     async def metrics(self, ctx: RequestContext):
         if not self.gateway.config.metrics.enabled:

@@ -92,6 +92,11 @@ class Gateway:
             "Seconds since the log last held every settled receipt.",
             lambda: proofs.integration_lag_s,
         )
+        self.metrics.gauge(
+            "gateway_log_sequencer",
+            "1 on the one instance that integrates and signs the log, 0 on the others.",
+            lambda: float(proofs.sequencer),
+        )
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`

@@ -347,9 +347,19 @@ class Storage(abc.ABC):
         already logged is a conflict), write each tile (new, or replacing the stored tile
         at its level and index by one at least as long that starts with it: a tile never
         shrinks or changes a hash it holds; rewriting the same bytes is allowed) and insert
-        the signed head if any (a size already signed is a conflict). StateConflict, with
-        nothing written, when another writer got there first. (head None: tiles only, for
+        the signed head if any (a size already signed is a conflict). Compare-and-set: the
+        entries are the leaves [head.size - len(entries), head.size), so the append must
+        continue the latest stored head, whose size is head.size - len(entries) (0: none).
+        StateConflict, with nothing written, when another writer got there first or the
+        append does not start where the stored log ends. (head None: tiles only, for
         leaves logged before tiles.)"""
+
+    @abc.abstractmethod
+    async def claim_log_sequencer(self) -> bool:
+        """Take, or keep, the lock that makes this handle the log's one sequencer (the one
+        process that appends and signs); True while it holds it. The log calls it before
+        every integration and at least every second while it follows: a backend may take
+        the lock away from a holder that stops calling."""
 
     @abc.abstractmethod
     async def log_tiles(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:

@@ -18,9 +18,12 @@ failure, which committed nothing, and re-raises everything else unchanged.
 
 The transparency log is stored as C2SP tiles (migration 0004): entries, tiles and the
 signed head of one integration are one transaction; a tile only grows (a trigger refuses
-any other update), a reused leaf index, receipt or signed size fails a unique key, and
-any of these is a StateConflict with nothing written. `log_pending` holds exactly the
-receipts in neither log_leaves (old-format leaves) nor log_entries.
+any other update), a reused leaf index, receipt or signed size fails a unique key, an
+append that does not continue the latest signed head is refused (compare-and-set on the
+tree size), and any of these is a StateConflict with nothing written. `log_pending`
+holds exactly the receipts in neither log_leaves (old-format leaves) nor log_entries.
+One process appends: the log's sequencer, which holds a session advisory lock on a
+connection of its own (`claim_log_sequencer`).
 
 Admin epoch: every process LISTENs on the `gateway_admin` channel on a connection of its
 own. Triggers on `projects` and `api_keys` NOTIFY it at the commit of any change, by any
@@ -84,6 +87,12 @@ CHANNEL = "gateway_admin"
 _MIGRATION_LOCK = 0x6D67_7721
 _LOG_LOCK = 0x6D67_6C67
 _USERS_LOCK = 0x6D67_7573
+# pg_try_advisory_lock key (session level): the transparency log's one sequencer.
+_SEQUENCER_LOCK = 0x6D67_7371
+# The server ends the sequencer's session after this long without a query (a hung
+# holder: its lock goes with it); the holder queries it before every integration.
+_SEQUENCER_IDLE = "5s"
+_SEQUENCER_TIMEOUT_S = 2.0
 _TRANSIENT = frozenset({"40001", "40P01"})  # serialization failure, deadlock: safe to rerun
 _RETRIES = 3
 _LISTENER_PING_S = 2.0
@@ -91,9 +100,12 @@ _RECONNECT_S = 1.0
 
 # The driver's failures: the database, the connection or the driver (never a bug of ours).
 # ValueError: a malformed DSN; OverflowError: an integer PostgreSQL cannot hold.
+# InternalClientError: a connection the server ended under a query (seen when a paused
+# process wakes up and uses a session the server closed meanwhile).
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     asyncio.TimeoutError,
     ValueError,
@@ -222,6 +234,8 @@ class PostgresStorage(Storage):
         self._listener: Connection | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
+        self._sequencer: Connection | None = None  # holds or tries the sequencer lock
+        self._sequencing = False  # whether its session holds the lock
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -383,6 +397,7 @@ class PostgresStorage(Storage):
         listener, self._listener = self._listener, None
         if listener is not None and await _failure(lambda: asyncio.wait_for(listener.close(), 5)):
             listener.terminate()
+        self._drop_sequencer()
         if await _failure(lambda: asyncio.wait_for(self._pool.close(), 10)):
             self._pool.terminate()
 
@@ -742,6 +757,15 @@ class PostgresStorage(Storage):
                 # One integrator at a time (no lock-order deadlock between tile upserts);
                 # a writer that raced us then fails on the entries' keys, before the tiles.
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOG_LOCK)
+                if head is not None:
+                    # Compare-and-set on the tree size: a stale sequencer (one that paused
+                    # and lost its lock) cannot fork the log or leave a gap in it.
+                    stored = await conn.fetchval("SELECT coalesce(max(size), 0) FROM tree_heads")
+                    if stored != head.size - len(entries):
+                        raise StateConflict(
+                            f"PostgreSQL append_log_tiles: the log is at size {stored},"
+                            f" this append continues size {head.size - len(entries)}"
+                        )
                 await conn.execute(
                     "INSERT INTO log_entries (leaf_index, receipt_id)"
                     " SELECT * FROM unnest($1::bigint[], $2::text[])",
@@ -813,6 +837,45 @@ class PostgresStorage(Storage):
                 lambda c: c.fetchrow("SELECT * FROM tree_heads WHERE size = $1", size)
             )
         return None if row is None else TreeHeadRecord(**_fields(row, TreeHeadRecord))
+
+    # --- the log's sequencer -----------------------------------------------------------
+
+    async def claim_log_sequencer(self) -> bool:
+        """A session advisory lock, on a connection of its own: held while that session
+        lives. It ends, and frees the lock, when the process dies (its socket closes) or
+        hangs (the server ends a session idle for `_SEQUENCER_IDLE`; the holder queries it
+        on every call). A lock rather than a lease row: a dead holder's lock is free at
+        once, and no clock or expiry is involved. A call that fails drops the connection
+        (and the lock with it): the next call starts a new session and tries again."""
+
+        async def claim() -> None:
+            if self._sequencer is None or self._sequencer.is_closed():
+                self._sequencing = False
+                self._sequencer = await asyncpg.connect(
+                    self._dsn,
+                    server_settings={
+                        "application_name": "model-gateway-sequencer",
+                        "idle_session_timeout": _SEQUENCER_IDLE,
+                    },
+                )
+            if self._sequencing:  # the session is alive, so the lock is still ours
+                await self._sequencer.fetchval("SELECT 1")
+            else:
+                self._sequencing = await self._sequencer.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", _SEQUENCER_LOCK
+                )
+
+        failure = await _failure(lambda: asyncio.wait_for(claim(), _SEQUENCER_TIMEOUT_S))
+        if failure is not None:
+            log.warning("log sequencer lock: %s; starting a new session", failure)
+            self._drop_sequencer()
+        return self._sequencing
+
+    def _drop_sequencer(self) -> None:
+        """Close the lock's session (the server frees the lock when its socket closes)."""
+        conn, self._sequencer, self._sequencing = self._sequencer, None, False
+        if conn is not None:
+            conn.terminate()
 
     # --- the console -----------------------------------------------------------------
 

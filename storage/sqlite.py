@@ -1159,7 +1159,8 @@ class SQLiteStorage(Storage):
     ) -> None:
         heads = [] if head is None else [head]
         head_rows: list[tuple[object, ...]] = [
-            (h.size, h.root_hash, h.timestamp, h.key_id, h.signature) for h in heads
+            (h.size, h.size - len(entries), h.root_hash, h.timestamp, h.key_id, h.signature)
+            for h in heads
         ]
         await self._writer.execute_unit(
             [
@@ -1174,13 +1175,19 @@ class SQLiteStorage(Storage):
                     " ON CONFLICT (level, idx) DO UPDATE SET hashes = excluded.hashes",
                     [(t.level, t.index, t.hashes) for t in tiles],
                 ),
+                # Compare-and-set on the tree size: unless the latest stored head is the
+                # one this append continues, the root is NULL and NOT NULL undoes the unit.
                 (
                     "INSERT INTO tree_heads (size, root_hash, timestamp, key_id, signature)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    " VALUES (?1, CASE WHEN (SELECT coalesce(max(size), 0) FROM tree_heads)"
+                    " = ?2 THEN ?3 END, ?4, ?5, ?6)",
                     head_rows,
                 ),
             ]
         )
+
+    async def claim_log_sequencer(self) -> bool:
+        return True  # one serving process per file: it is the sequencer
 
     async def log_tiles(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         # One round trip for every tile a proof needs, the keys as one JSON parameter.
