@@ -17,7 +17,14 @@ from pathlib import Path
 from gateway_target import UPSTREAM_ENV, start_gateway
 from load import BENCH_DIR, run_wrk
 from procs import Server, cpu_seconds, free_port
-from run import CHAT
+from run import CHAT, CHAT_STREAM, RESPONSES, RESPONSES_STREAM
+
+SCENARIOS = {
+    "chat": CHAT,
+    "chat-stream": CHAT_STREAM,
+    "responses": RESPONSES,
+    "responses-stream": RESPONSES_STREAM,
+}
 
 
 def main() -> None:
@@ -29,13 +36,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--scenario", choices=SCENARIOS, default="chat")
     parser.add_argument("--gateway", type=Path, default=Path(sys.executable).with_name("gateway"))
     parser.add_argument("--gateway-b", type=Path, help="B's own `gateway` (another checkout)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         body = folder / "chat.json"
-        body.write_bytes(CHAT.data)
+        body.write_bytes(SCENARIOS[args.scenario].data)
         port = free_port()
         mock = Server(
             [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
@@ -70,7 +78,7 @@ def measure(args, targets, body: Path, folder: Path) -> dict[str, list[tuple[flo
     with (folder / "wrk.raw").open("w") as raw:
         for _ in range(args.rounds):
             for name, server, key in targets:
-                url = server.url + CHAT.path
+                url = server.url + SCENARIOS[args.scenario].path
                 before = cpu_seconds(server.pid)
                 result = run_wrk(
                     url, args.connections, args.seconds, "post.lua", [key, str(body)], raw
@@ -85,7 +93,7 @@ def report(args, results) -> None:
     rps_a, rps_b = statistics.median(r for r, _ in a), statistics.median(r for r, _ in b)
     cpu_a, cpu_b = statistics.median(c for _, c in a), statistics.median(c for _, c in b)
     rounds = f"{args.rounds} alternating rounds of {args.seconds} s"
-    print(f"chat, {args.connections} connections, {rounds}")
+    print(f"{args.scenario}, {args.connections} connections, {rounds}")
     print("| variant | req/s (median) | CPU ms/request |")
     print("|---|---:|---:|")
     print(f"| {name_a} | {rps_a:,.0f} | {cpu_a:.3f} |")

@@ -12,9 +12,11 @@ body or credential is ever put in one. Timeouts are the caller's (one rule for a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -22,6 +24,9 @@ import orjson
 from model_gateway.gateway.config import ProviderConfig
 from model_gateway.gateway.inference.sse import Event, SSEDecoder
 from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.providers.chat_events import ChatEvent
 
 log = logging.getLogger("gateway.providers")
 
@@ -68,6 +73,14 @@ class Provider:
 
     def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
         """Chat completion chunks as they arrive, then a usage chunk when usage is known."""
+        raise NotImplementedError
+
+    # True: the upstream speaks chat itself, and `chat_events` reads its stream as it came.
+    chat_pass_through = False
+
+    def chat_events(self, request: dict, acceptance: Acceptance) -> AsyncIterator[list[ChatEvent]]:
+        """The upstream's chat stream in batches of checked events (chat_events.ChatEvents),
+        usage asked for."""
         raise NotImplementedError
 
     async def responses(self, request: dict, acceptance: Acceptance) -> dict:
@@ -245,22 +258,32 @@ class HttpProvider(Provider):
             response.close()
         return parse_json(self.name, raw)
 
-    async def post_events(
+    async def post_stream(
         self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
-    ) -> AsyncIterator[Event]:
-        """The upstream's SSE events as they arrive. Closing this closes the connection."""
+    ) -> AsyncIterator[bytes]:
+        """The upstream's body as it arrives, one item per read. Closing this closes the
+        connection."""
         response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
-        decoder = SSEDecoder()
         try:
-            chunks = response.content.iter_any()
+            reads = response.content.iter_any()
             while True:
                 try:
-                    chunk = await anext(chunks)
+                    read = await anext(reads)
                 except StopAsyncIteration:
                     return
                 except (aiohttp.ClientError, OSError) as exc:
                     raise unreachable(self.name, exc) from None
-                for event in decoder.feed(chunk):
-                    yield event
+                yield read
         finally:
             response.close()  # synchronous: the connection goes at once, even when cancelled
+
+    async def post_events(
+        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+    ) -> AsyncIterator[Event]:
+        """The upstream's SSE events as they arrive. Closing this closes the connection."""
+        decoder = SSEDecoder()
+        reads = self.post_stream(path, body, acceptance, optional_endpoint=optional_endpoint)
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                for event in decoder.feed(read):
+                    yield event
