@@ -166,12 +166,13 @@ async def projects_show(args, config, storage) -> dict:
 
 async def projects_archive(args, config, storage) -> dict:
     archived = await storage.archive_project(args.id)
-    return await _confirmed(config, storage, await project_view(storage, archived))
+    return await confirmed_change(config, storage, await project_view(storage, archived))
 
 
-async def _confirmed(config, storage, view: dict) -> dict:
-    """The view of a revoked key or archived project, once every live instance dropped it
-    from its caches (or its lease ended): `instances` says which did."""
+async def confirmed_change(config, storage, view: dict) -> dict:
+    """The view of a changed key or project (revoked, archived, updated), once every live
+    instance dropped the change from its caches (or its lease ended): `instances` says
+    which did."""
     confirmation = await confirm_admin_change(storage, config.cluster.lease_s)
     for name in confirmation.dead:
         print(f"gateway: instance {name} did not confirm; its lease ended", file=sys.stderr)
@@ -255,7 +256,7 @@ async def keys_revoke(args, config, storage) -> dict:
             raise RecordNotFound("no such key")
         prefix = stored.prefix
     revoked = await storage.revoke_key(prefix)
-    return await _confirmed(config, storage, await key_view(storage, revoked))
+    return await confirmed_change(config, storage, await key_view(storage, revoked))
 
 
 async def keys_show(args, config, storage) -> dict:

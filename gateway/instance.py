@@ -29,6 +29,10 @@ from model_gateway.storage import Storage
 
 log = logging.getLogger("gateway.instance")
 
+# A dead instance's row is kept this long for operators (and the sweeps: its owner string
+# marks its holds and runs dead), then dropped.
+FORGET_AFTER_MS = 3_600_000
+
 
 class Instance:
     def __init__(self, storage: Storage, instance_id: str, lease_s: float) -> None:
@@ -90,6 +94,7 @@ class Instance:
             await asyncio.sleep(self.lease_s / 3)
             try:
                 await self._renew()
+                await self.storage.forget_instances(FORGET_AFTER_MS)
             except Exception as exc:
                 # Stay up: a later renewal may succeed; meanwhile the lease runs out.
                 log.warning("lease renewal failed (%s); fenced if it keeps failing", exc)

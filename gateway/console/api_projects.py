@@ -90,7 +90,7 @@ def routes(console) -> list[Endpoint]:
                 await storage.set_payer_addresses(found.id, payers)
         except StateConflict:
             raise Conflict("The project is archived: it is read-only.") from None
-        return json_response(await project_view(storage, updated))
+        return json_response(await confirmed(await project_view(storage, updated)))
 
     async def archive_project(call: Call):
         require_owner(call.user)
