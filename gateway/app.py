@@ -15,9 +15,10 @@ from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
+from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
 from model_gateway.gateway.logs import AccessLog
-from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.metering import StorageMeter, process_owner
 from model_gateway.gateway.metrics import Metrics
 from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
 from model_gateway.gateway.proofs.log import TransparencyLog
@@ -46,6 +47,7 @@ class Gateway:
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
         self.meter: StorageMeter | None = None
+        self.instance: Instance | None = None
         self.signing_key: SigningKey | None = None
         self.transparency_log: TransparencyLog | None = None
         self.agents: AgentEngine | None = None
@@ -61,8 +63,13 @@ class Gateway:
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
         self.storage = await open_storage(self.config.storage_url)
-        self.keyring = KeyRing(self.storage, pepper)
-        self.meter = StorageMeter(self.storage, self.metrics)
+        owner, lease_s = process_owner(), self.config.cluster.lease_s
+        self.instance = Instance(self.storage, owner, lease_s)
+        await self.instance.start()  # registered and leased before anything is served
+        self.keyring = KeyRing(self.storage, pepper, self.instance)
+        self.meter = StorageMeter(
+            self.storage, self.metrics, owner=owner, lease_s=lease_s, instance=self.instance
+        )
         await self.meter.start()
         self.signing_key = load_or_create_signing_key(
             self.config.path(self.config.secrets.signing_key_file)
@@ -128,6 +135,8 @@ class Gateway:
             await self.meter.stop()
         if self.transparency_log is not None:
             await self.transparency_log.stop()
+        if self.instance is not None:
+            await self.instance.stop()  # deregisters: nothing waits for it any more
         if self.storage is not None:
             await self.storage.close()
         if self.access_log is not None:

@@ -211,6 +211,17 @@ class AgentsConfig(_Section):
             raise ValueError("lease_s must be positive")
 
 
+class ClusterConfig(_Section):
+    # The lease of this process as an instance, and of its holds: renewed every third of
+    # it; an instance that could not renew for this long serves nothing (503) and the
+    # others release its holds and fail its runs.
+    lease_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.lease_s > 0:
+            raise ValueError("lease_s must be positive")
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
@@ -226,6 +237,7 @@ class Config(_Section):
     sandbox_node: SandboxNodeConfig | None = None
     sandbox_pricing: SandboxPricingConfig = msgspec.field(default_factory=SandboxPricingConfig)
     agents: AgentsConfig = msgspec.field(default_factory=AgentsConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
     # Folder of the config file: relative paths in it resolve against this.
     base_dir: str = "."

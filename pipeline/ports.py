@@ -42,7 +42,8 @@ class ProjectInfo(Protocol):
 class KeyLookup(Protocol):
     async def authenticate(self, presented: str) -> tuple[KeyInfo, ProjectInfo]:
         """The key and its project; raise InvalidApiKey (unknown, revoked, expired, wrong
-        secret: one message for all) or Forbidden (archived project)."""
+        secret: one message for all) or Forbidden (archived project), or ServiceUnavailable
+        when it cannot vouch that its answer is current (an instance that lost its lease)."""
         ...
 
 

@@ -32,6 +32,13 @@ the database. A change made through a handle of this process bumps every handle 
 process on the same database at once; other processes see it when the notification
 arrives (normally well under a millisecond later). While the listening connection is down
 the epoch is different on every call, so the key cache never serves a stale entry.
+
+Instances (migration 0009): every key or project change also takes the next admin change
+number (one counter row, so numbers commit in order) and notifies it as the payload; the
+handle counts the newest it heard (`admin_applied`). An instance's lease renewal reads
+the counter FOR SHARE after renewing, in one transaction, so a change that commits
+meanwhile is either read by the renewal or finds the instance live (gateway/instance.py
+and gateway/admin_confirm.py use this). Leases are on the database's clock.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from model_gateway.storage.base import (
     Account,
     AgentRecord,
     Audit,
+    InstanceRecord,
     KeyListing,
     KeyRecord,
     LedgerEntry,
@@ -93,6 +101,7 @@ _SEQUENCER_LOCK = 0x6D67_7371
 # holder: its lock goes with it); the holder queries it before every integration.
 _SEQUENCER_IDLE = "5s"
 _SEQUENCER_TIMEOUT_S = 2.0
+_LATEST_CHANGE = "SELECT n FROM admin_changes"
 _TRANSIENT = frozenset({"40001", "40P01"})  # serialization failure, deadlock: safe to rerun
 _RETRIES = 3
 _LISTENER_PING_S = 2.0
@@ -236,6 +245,7 @@ class PostgresStorage(Storage):
         self._closed = False
         self._sequencer: Connection | None = None  # holds or tries the sequencer lock
         self._sequencing = False  # whether its session holds the lock
+        self._watchers: list[Callable[[int], None]] = []
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -341,6 +351,8 @@ class PostgresStorage(Storage):
         )
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
+            # Read after listening: a later change is heard, an earlier one is counted here.
+            latest = await conn.fetchval(_LATEST_CHANGE)
         except BaseException:
             await conn.close()
             raise
@@ -348,9 +360,22 @@ class PostgresStorage(Storage):
         self._listener = conn
         # Whatever changed while we were not listening is unknown: drop every cache.
         self._epoch += 1
+        self._admin_applied = max(self._admin_applied, latest)
 
     def _on_notify(self, conn: Connection, pid: int, channel: str, payload: str) -> None:
         self._epoch += 1
+        if payload.isdigit():  # the change number (migration 0009)
+            self._admin_applied = max(self._admin_applied, int(payload))
+        for callback in self._watchers:
+            callback(self._admin_applied)
+
+    def watch_admin(self, callback: Callable[[int], None]) -> None:
+        self._watchers.append(callback)
+
+    def catch_up_admin(self, change: int) -> None:
+        if change > self._admin_applied:
+            self._epoch += 1  # a change we were not told of: drop every cache
+            self._admin_applied = change
 
     def _on_listener_lost(self, conn: Connection) -> None:
         if conn is self._listener:
@@ -513,6 +538,58 @@ class PostgresStorage(Storage):
             "api_keys", "prefix", prefix, ("usable", "revoked"), f"key {prefix}"
         )
         return _key(row)
+
+    # --- instances ---------------------------------------------------------------------
+
+    async def admin_change(self) -> int:
+        return int(await self._run(lambda c: c.fetchval(_LATEST_CHANGE)))
+
+    async def renew_instance(self, instance_id: str, lease_ms: int, acked: int) -> int:
+        async def renew(conn: Connection) -> int:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO instances (id, started_at, lease_until, acked)"
+                    " VALUES ($1, gateway_now_ms(), gateway_now_ms() + $2, $3)"
+                    " ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until,"
+                    " acked = greatest(instances.acked, excluded.acked)",
+                    instance_id,
+                    lease_ms,
+                    acked,
+                )
+                # After the renewal, and locked against a change committing meanwhile
+                # (migration 0009 says why).
+                return int(await conn.fetchval(_LATEST_CHANGE + " FOR SHARE"))
+
+        return await self._run(renew)
+
+    async def acknowledge_admin(self, instance_id: str, change: int) -> None:
+        await self._run(
+            lambda c: c.execute(
+                "UPDATE instances SET acked = $2 WHERE id = $1 AND acked < $2",
+                instance_id,
+                change,
+            )
+        )
+
+    async def deregister_instance(self, instance_id: str) -> None:
+        await self._run(lambda c: c.execute("DELETE FROM instances WHERE id = $1", instance_id))
+
+    async def list_instances(self) -> list[InstanceRecord]:
+        rows = await self._run(
+            lambda c: c.fetch(
+                "SELECT id, started_at, lease_until, acked,"
+                " lease_until >= gateway_now_ms() AS live FROM instances ORDER BY id"
+            )
+        )
+        return [InstanceRecord(**_fields(row, InstanceRecord)) for row in rows]
+
+    async def forget_instances(self, expired_for_ms: int) -> int:
+        status = await self._run(
+            lambda c: c.execute(
+                "DELETE FROM instances WHERE lease_until < gateway_now_ms() - $1", expired_for_ms
+            )
+        )
+        return int(status.rsplit(" ", 1)[1])
 
     # --- money -----------------------------------------------------------------------
 
