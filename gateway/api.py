@@ -78,10 +78,12 @@ class CoreHandlers:
             await self.gateway.storage.health()
         except StorageError:
             raise ServiceUnavailable("The gateway's storage is not answering.") from None
-        # Detail beside the status (decisions.md allows it): each provider's breaker.
+        # Detail beside the status (decisions.md allows it): each provider's breaker, each
+        # sandbox node's health and slots (named by its place in the config, not its URL).
         states = self.gateway.providers.breakers.states()
         providers = {name: {"breaker": state} for name, state in states.items()}
-        return json_response({"status": "ok", "providers": providers})
+        nodes = self.gateway.sandboxes.pool.states()
+        return json_response({"status": "ok", "providers": providers, "sandbox_nodes": nodes})
 
     async def metrics(self, ctx: RequestContext):
         if not self.gateway.config.metrics.enabled:
