@@ -194,6 +194,30 @@ def test_a_frozen_node_is_skipped_without_making_requests_wait(nodes, client, tm
         assert ran_on(answer.json()["id"], a, b) == [a]
 
 
+def test_a_node_busy_with_another_instances_run_sends_the_job_on(nodes, tmp_path):
+    """Two gateways share node B: the one that did not fill it still counts B's slot as
+    free, sends the job there, is told "busy" (nothing ran) and sends it to A instead."""
+    a, b = nodes
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with (
+        gateway_on(tmp_path / "first", (b, 1)) as first,
+        gateway_on(tmp_path / "second", (b, 1), (a, 2)) as second,
+    ):
+        filler, tenant = Tenant(first, balance="5.00"), Tenant(second)
+        filler_sandbox, sandbox = filler.sandbox("python", "--timeout-s", "30"), tenant.sandbox()
+        with ThreadPoolExecutor(2) as threads:
+            held = threads.submit(run, filler, filler_sandbox, "import time; time.sleep(8)")
+            wait_for(lambda: node_slot_processes(b.process.pid), 10, "B's slot taken")
+            # A has more free slots: fill one of them here, so that B is the first choice.
+            both = threads.submit(run, tenant, sandbox, "import time; time.sleep(3)")
+            wait_for(lambda: in_use(second) == slots(0, 1), 10, "one of A's slots taken")
+            answer = run(tenant, sandbox, "print(1)")
+            assert answer.status_code == 200, answer.text
+            assert ran_on(answer.json()["id"], a, b) == [a]
+            assert held.result().status_code == both.result().status_code == 200
+
+
 def test_no_node_reachable_is_sandbox_error_and_not_billed(client, tmp_path):
     dead = [(f"http://127.0.0.1:{free_port()}", "data/sandbox-secret", 1) for _ in range(2)]
     with GatewayProcess(tmp_path, extra_config=nodes_config(*dead)) as gateway:
