@@ -25,7 +25,8 @@ class NodeUnreachable(NodeError):
 
 
 class NodeBusy(NodeError):
-    """Every slot of the node is running: the gateway's 503 `service_unavailable`."""
+    """Every slot of the node is running (another gateway instance's runs, perhaps): the job
+    did not start there and may go to another node."""
 
     def __init__(self, message: str, retry_after: str) -> None:
         super().__init__(message)
