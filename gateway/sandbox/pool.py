@@ -127,10 +127,6 @@ class NodePool:
             raise ConfigError(str(exc)) from None
         self._checks: list[asyncio.Task] = []
 
-    @property
-    def capacity(self) -> int:
-        return sum(node.max_concurrent for node in self.nodes)
-
     async def start(self) -> None:
         try:
             for node in self.nodes:
