@@ -80,7 +80,7 @@ class Gateway:
         await self.transparency_log.start()  # integrates receipts in the background
         self._register_gauges()
         await self.providers.start()
-        await self.sandboxes.start()  # node session; with spawn = true, the local node
+        await self.sandboxes.start()  # node sessions, health checks; spawn = true: the node
         self.agents = AgentEngine.for_gateway(self, lease_s=self.config.agents.lease_s)
         await self.agents.start()  # fails the runs of a dead process; then sweeps
         for line in startup_summary(self.config):
@@ -93,6 +93,7 @@ class Gateway:
             "gateway_open_holds", "Holds of this process not yet closed.", lambda: meter.open_holds
         )
         self.metrics.breakers(self.providers.breakers)
+        self.metrics.sandbox_nodes(self.sandboxes.pool)
         self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: proofs.size)
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",

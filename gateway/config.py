@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -179,10 +180,25 @@ class ProofsConfig(_Section):
     origin: Annotated[str, msgspec.Meta(pattern=r"\A[^\s+]+\Z")] | None = None
 
 
-class SandboxNodeConfig(_Section):
-    url: str = "http://127.0.0.1:8091"
+class SandboxNodeEntry(_Section):
+    """One sandbox node the gateway sends executions to: a `[[sandbox_nodes]]` entry."""
+
+    url: str
     secret_file: str = "data/sandbox-secret"  # noqa: S105 (a path, not a secret)
-    max_concurrent: int = 4
+    max_concurrent: int = 4  # the node's own; the gateway never sends it more at once
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be an http(s) URL with a host, not {self.url!r}")
+        if self.max_concurrent < 1:
+            raise ValueError("max_concurrent must be at least 1")
+
+
+class SandboxNodeConfig(SandboxNodeEntry):
+    """`[sandbox_node]`: one node, which `gateway serve` may also run (`spawn = true`)."""
+
+    url: str = "http://127.0.0.1:8091"
     spawn: bool = False
 
 
@@ -235,6 +251,7 @@ class Config(_Section):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelConfig] = {}
     sandbox_node: SandboxNodeConfig | None = None
+    sandbox_nodes: list[SandboxNodeEntry] = []  # beside or instead of [sandbox_node]
     sandbox_pricing: SandboxPricingConfig = msgspec.field(default_factory=SandboxPricingConfig)
     agents: AgentsConfig = msgspec.field(default_factory=AgentsConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
@@ -255,6 +272,19 @@ class Config(_Section):
                         f"models.{name}.fallbacks.{i}.provider names an unknown provider "
                         f"{fallback.provider!r}"
                     )
+        seen: dict[str, str] = {}
+        for name, node in self.sandbox_node_entries():
+            url = node.url.rstrip("/")
+            if url in seen:
+                # Its slots would count twice: the gateway would send the node too much.
+                raise ValueError(f"{name}.url repeats {seen[url]}.url ({node.url})")
+            seen[url] = name
+
+    def sandbox_node_entries(self) -> list[tuple[str, SandboxNodeEntry]]:
+        """Every sandbox node, named by its place in the config: `sandbox_node` first,
+        then `sandbox_nodes[0]`, `sandbox_nodes[1]`, ..."""
+        single = [("sandbox_node", self.sandbox_node)] if self.sandbox_node is not None else []
+        return single + [(f"sandbox_nodes[{i}]", n) for i, n in enumerate(self.sandbox_nodes)]
 
     def path(self, relative: str) -> Path:
         """A path from the config, resolved against the config file's folder."""

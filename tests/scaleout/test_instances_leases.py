@@ -102,6 +102,9 @@ async def test_an_instance_that_cannot_renew_its_lease_answers_503_until_it_does
         assert fenced.json()["error"]["type"] == "service_unavailable"
         assert int(fenced.headers["retry-after"]) >= 1
         assert chat(a, key).status_code == 200  # the other instance serves on
+        # Its health check fails too, so a load balancer sends the traffic to the other.
+        assert httpx.get(b.url + "/healthz").status_code == 503
+        assert httpx.get(a.url + "/healthz").status_code == 200
         time.sleep(LEASE_S / 2)
         assert chat(b, key).status_code == 503  # for as long as it cannot renew
         await transaction.rollback()
