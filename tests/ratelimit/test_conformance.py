@@ -21,7 +21,9 @@ from tests.ratelimit.limiters import LIMITERS, Handles
 
 _names = itertools.count()
 PROPERTY = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
