@@ -71,9 +71,7 @@ async def open_limiter(config: Config, storage: Storage) -> Limiter:
         await limiter.check()
         log.info("rate limits: shared in Redis at %s", where)
         return limiter
-    from model_gateway.storage.postgres import PostgresStorage
-
-    if isinstance(storage, PostgresStorage):
+    if hasattr(storage, "take_rate_limits"):  # PostgreSQL (not imported with SQLite)
         from model_gateway.gateway.postgres_limiter import PostgresGcra
 
         log.info("rate limits: shared in PostgreSQL")
