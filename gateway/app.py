@@ -17,6 +17,7 @@ from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.limiter import Limiter, open_limiter
 from model_gateway.gateway.logs import AccessLog
 from model_gateway.gateway.metering import StorageMeter, process_owner
 from model_gateway.gateway.metrics import Metrics
@@ -29,7 +30,6 @@ from model_gateway.gateway.secretfile import load_or_create_secret
 from model_gateway.gateway.summary import startup_summary
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
-from model_gateway.pipeline.gcra import Gcra
 from model_gateway.storage import Storage, open_storage
 
 log = logging.getLogger("gateway")
@@ -43,7 +43,7 @@ class Gateway:
         self.catalog = ConfigCatalog(config)
         self.metrics = Metrics()
         self.access_log = AccessLog(config.server.log_format) if config.server.access_log else None
-        self.limiter = Gcra()
+        self.limiter: Limiter | None = None
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
         self.meter: StorageMeter | None = None
@@ -67,6 +67,7 @@ class Gateway:
         self.instance = Instance(self.storage, owner, lease_s)
         await self.instance.start()  # registered and leased before anything is served
         self.keyring = KeyRing(self.storage, pepper, self.instance)
+        self.limiter = await open_limiter(self.config, self.storage)
         self.meter = StorageMeter(
             self.storage, self.metrics, owner=owner, lease_s=lease_s, instance=self.instance
         )
@@ -109,7 +110,7 @@ class Gateway:
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`
         swaps key auth for another principal (the console playground)."""
-        assert self.keyring is not None and self.meter is not None
+        assert self.keyring is not None and self.meter is not None and self.limiter is not None
         config = self.config
         return build_pipeline(
             routes=self.routes,
@@ -134,6 +135,8 @@ class Gateway:
         await self.providers.close()
         if self.meter is not None:
             await self.meter.stop()
+        if self.limiter is not None:
+            await self.limiter.close()
         if self.transparency_log is not None:
             await self.transparency_log.stop()
         if self.instance is not None:

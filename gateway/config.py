@@ -81,6 +81,17 @@ class LimitsConfig(_Section):
     default_key_rpm: int = 600
 
 
+class RateLimitConfig(_Section):
+    # Where the requests-per-minute buckets live, shared by every instance (gateway.limiter).
+    # Unset: in PostgreSQL when it is the storage, in this process's memory with SQLite.
+    url: str | None = None  # redis://[user:password@]host:6379[/db] or rediss://
+    prefix: str = "gateway:rl:"  # of the Redis keys, so deployments can share a server
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("redis://", "rediss://")):
+            raise ValueError("url must be a redis:// or rediss:// URL")
+
+
 class MetricsConfig(_Section):
     # GET /metrics (no key): bound to the listen address like the API itself.
     enabled: bool = True
@@ -243,6 +254,7 @@ class Config(_Section):
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     secrets: SecretsConfig = msgspec.field(default_factory=SecretsConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    ratelimit: RateLimitConfig = msgspec.field(default_factory=RateLimitConfig)
     metering: MeteringConfig = msgspec.field(default_factory=MeteringConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)

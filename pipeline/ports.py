@@ -60,7 +60,8 @@ class ModelCatalog(Protocol):
 class RateLimiter(Protocol):
     async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
         """Take one request from every (name, rpm) bucket, or from none; 0, or the whole
-        seconds to wait."""
+        seconds to wait. A limiter that cannot decide raises a GatewayError (the shared
+        store does not answer: ServiceUnavailable), which is the request's answer."""
         ...
 
 

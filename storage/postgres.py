@@ -1631,6 +1631,33 @@ class PostgresStorage(Storage):
                 failed.append(run_id)
         return failed
 
+    # --- requests per minute, shared by every instance (migration 0008) ---------------
+
+    async def take_rate_limits(
+        self, buckets: list[tuple[str, int]], at_us: int | None = None
+    ) -> int:
+        """Take one request from every (name, rpm) bucket or from none, in one statement on
+        the database's clock (`at_us`: a given time instead, for tests): 0, or the whole
+        seconds to wait."""
+        names = [name for name, _ in buckets]
+        rpms = [rpm for _, rpm in buckets]
+        wait = await self._run(
+            lambda c: c.fetchval("SELECT rate_limit_take($1, $2, $3::BIGINT)", names, rpms, at_us)
+        )
+        return int(wait)
+
+    async def prune_rate_limits(self) -> int:
+        """Delete buckets whose arrival time is past (the same as no row); rows a request
+        holds are skipped, never waited for. Returns how many went."""
+        status = await self._run(
+            lambda c: c.execute(
+                "DELETE FROM rate_limits WHERE bucket IN (SELECT bucket FROM rate_limits"
+                " WHERE tat < (extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT"
+                " FOR UPDATE SKIP LOCKED)"
+            )
+        )
+        return int(status.split()[-1])
+
 
 def _user(row: Row) -> UserRecord:
     return UserRecord(
