@@ -1,8 +1,9 @@
-"""The README's deployment recipe, run once: scripts/deploy/haproxy.cfg itself (its
-addresses replaced by this test's ports) in front of two real instances on one fresh
-PostgreSQL database. Traffic through the proxy reaches both, streams pass unbuffered,
-bodies up to the gateway's own limit pass, and with one instance stopped the proxy
-keeps serving through the other, then takes it back when it returns."""
+"""The README's deployment recipe, run once: scripts/deploy/haproxy.cfg itself (the
+addresses it reads from the environment are this test's ports) in front of two real
+instances on one fresh PostgreSQL database. Traffic through the proxy reaches both,
+streams pass unbuffered, bodies up to the gateway's own limit pass, and with one
+instance stopped the proxy keeps serving through the other, then takes it back when it
+returns."""
 
 from __future__ import annotations
 
@@ -26,9 +27,6 @@ from tests.support.inference import OPENAI_CREDENTIAL, UPSTREAM_ENV
 pytestmark = pytest.mark.postgres
 
 RECIPE = Path(__file__).resolve().parents[2] / "scripts" / "deploy" / "haproxy.cfg"
-# The recipe's placeholders, as an operator edits them.
-LISTEN = "bind :80"
-SERVERS = ("server gw1 10.0.0.11:8080", "server gw2 10.0.0.12:8080")
 # Two failed checks 2 s apart mark an instance down, two passed ones up again.
 CHECKS_S = 10
 
@@ -56,26 +54,20 @@ def haproxy() -> str:
     return found
 
 
-def render(listen_port: int, instance_ports: list[int]) -> str:
-    text = RECIPE.read_text()
-    for placeholder in (LISTEN, *SERVERS):
-        assert text.count(placeholder) == 1, f"the recipe has no single {placeholder!r}"
-    text = text.replace(LISTEN, f"bind 127.0.0.1:{listen_port}")
-    for server, port in zip(SERVERS, instance_ports, strict=True):
-        text = text.replace(server, f"{server.rsplit(' ', 1)[0]} 127.0.0.1:{port}")
-    return text
-
-
 class Proxy:
     def __init__(self, binary: str, folder: Path, instances: list[GatewayProcess]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = folder / "haproxy.cfg"
-        config.write_text(render(self.port, [gw.port for gw in instances]))
+        addresses = {
+            f"GATEWAY_{n}": f"127.0.0.1:{gw.port}" for n, gw in enumerate(instances, start=1)
+        }
         self.log_path = folder / "haproxy.log"
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [binary, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+                [binary, "-db", "-f", str(RECIPE)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "GATEWAY_LISTEN": f"127.0.0.1:{self.port}", **addresses},
             )
 
     def log(self) -> str:
