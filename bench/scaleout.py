@@ -1,13 +1,14 @@
 """Scale-out: two gateway instances on one PostgreSQL database behind HAProxy (the README's
-recipe, scripts/deploy/haproxy.cfg) versus one gateway on SQLite. Chat, 32 connections,
-metering on, the same mock upstream; wrk rounds alternate SQLite, PostgreSQL, SQLite...
-Prints req/s and CPU ms per request of each, and their ratios (scale-out / SQLite).
+recipe, scripts/deploy/haproxy.cfg) versus one gateway on SQLite, and between them one
+instance on PostgreSQL (what the backend costs, apart from the second instance). Chat,
+32 connections, metering on, the same mock upstream; wrk rounds rotate over the three.
+Prints req/s and CPU ms per request of each, and their ratios to SQLite.
 
-CPU per request counts every process that serves a side: the gateway for SQLite; for
-scale-out both gateways, HAProxy and the PostgreSQL backends connected to the bench's
-database (not PostgreSQL's shared writers: WAL writer, checkpointer). The mock upstream
-and wrk serve both alike and are not counted. "other CPU %" is what the rest of the
-machine used meanwhile (other PostgreSQL work included): high values make a row suspect.
+CPU per request counts every process that serves a side: the gateway(s), HAProxy, and
+the PostgreSQL backends connected to that side's own database (not PostgreSQL's shared
+writers: WAL writer, checkpointer). The mock upstream and wrk serve every side alike and
+are not counted. "other CPU %" is what the rest of the machine used meanwhile (other
+PostgreSQL work included): high values make a row suspect.
 
 On a 2-core machine everything (wrk, the mock, two instances, HAProxy, PostgreSQL) shares
 the same two cores: the ratios measure contention as much as scale.
@@ -127,13 +128,15 @@ def instance(gateway: Path, folder: Path, upstream: str, database_url: str, shar
     return server, config
 
 
-def scale_out(stack: ExitStack, args, folder: Path, upstream: str) -> Side:
+def postgresql(stack: ExitStack, args, folder: Path, upstream: str, count: int) -> Side:
+    """`count` instances on a database of their own; two stand behind HAProxy."""
+    folder.mkdir()
     database_url = stack.enter_context(database(args.postgres))
     shared = folder / "secrets"
     shared.mkdir()
     gateways = []
-    for n in (1, 2):  # one after the other: the first runs the migrations
-        server, config = instance(args.gateway, folder / f"pg{n}", upstream, database_url, shared)
+    for n in range(1, count + 1):  # one after the other: the first runs the migrations
+        server, config = instance(args.gateway, folder / f"gw{n}", upstream, database_url, shared)
         stack.callback(server.stop)
         gateways.append(server)
     project = cli_field(
@@ -142,6 +145,26 @@ def scale_out(stack: ExitStack, args, folder: Path, upstream: str) -> Side:
     key = cli_field(
         args.gateway, config, "key", "keys", "create", "--project", project, "--scopes", "inference"
     )
+
+    def cpu() -> dict[str, float]:
+        return {
+            "gateways": sum(cpu_seconds(s.pid) for s in gateways),
+            "PostgreSQL": backends_cpu(args.postgres, database_url),
+        }
+
+    if count == 1:
+        return Side("1 instance, PostgreSQL", gateways[0].url, key, cpu)
+    proxy = haproxy(stack, args, folder, gateways)
+    return Side(
+        f"{count} instances, PostgreSQL, HAProxy",
+        proxy.url,
+        key,
+        lambda: {**cpu(), "HAProxy": cpu_seconds(proxy.pid)},
+    )
+
+
+def haproxy(stack: ExitStack, args, folder: Path, gateways: list[Server]) -> Server:
+    """scripts/deploy/haproxy.cfg as shipped, the addresses in its environment."""
     port = free_port()
     addresses = {f"GATEWAY_{n}": f"127.0.0.1:{s.port}" for n, s in enumerate(gateways, start=1)}
     proxy = Server(
@@ -152,15 +175,7 @@ def scale_out(stack: ExitStack, args, folder: Path, upstream: str) -> Side:
     )
     stack.callback(proxy.stop)
     proxy.wait_healthy(15)
-
-    def cpu() -> dict[str, float]:
-        return {
-            "gateways": sum(cpu_seconds(s.pid) for s in gateways),
-            "PostgreSQL": backends_cpu(args.postgres, database_url),
-            "HAProxy": cpu_seconds(proxy.pid),
-        }
-
-    return Side("2 instances, PostgreSQL, HAProxy", proxy.url, key, cpu)
+    return proxy
 
 
 def sqlite(stack: ExitStack, args, folder: Path, upstream: str) -> Side:
@@ -198,9 +213,9 @@ def report(args, sides: list[Side]) -> str:
     base_rps, base_cpu, _, _ = sides[0].medians()
     lines = [
         "",
-        "### Scale-out: two instances on PostgreSQL behind HAProxy vs one on SQLite",
+        "### Scale-out: instances on PostgreSQL versus one on SQLite",
         "",
-        f"chat, {args.connections} connections, metering on, {args.rounds} alternating rounds"
+        f"chat, {args.connections} connections, metering on, {args.rounds} rotating rounds"
         f" of {args.seconds} s; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())};"
         f" {machine()}; {wrk_version()}",
         "",
@@ -220,7 +235,7 @@ def report(args, sides: list[Side]) -> str:
         "",
         f"On {cores} cores wrk, the mock upstream, the instances, HAProxy and PostgreSQL share"
         " the same cores: the ratios measure contention as much as scale. CPU counts the"
-        " processes serving each side (PostgreSQL: the backends of the bench's database),"
+        " processes serving each side (PostgreSQL: the backends of its own database),"
         " not wrk nor the mock.",
     ]
     return "\n".join(lines)
@@ -270,7 +285,11 @@ def main() -> None:
         stack.callback(mock.stop)
         mock.wait_healthy()
         upstream = mock.url + "/v1"
-        sides = [sqlite(stack, args, folder, upstream), scale_out(stack, args, folder, upstream)]
+        sides = [
+            sqlite(stack, args, folder, upstream),
+            postgresql(stack, args, folder / "pg-1", upstream, 1),
+            postgresql(stack, args, folder / "pg-2", upstream, 2),
+        ]
         with (folder / "wrk.raw").open("w") as raw:
             for side in sides:
                 load(args, side, body, raw, WARMUP_S, mock.pid)
