@@ -39,7 +39,14 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from gateway_target import UPSTREAM_ENV, cli_field, start_gateway, write_config
 from load import BENCH_DIR, run_wrk, wrk_version
-from procs import Server, cpu_seconds, free_port, machine_busy_seconds, own_seconds
+from procs import (
+    Server,
+    cpu_seconds,
+    free_port,
+    machine_busy_seconds,
+    own_seconds,
+    read_proc,
+)
 from report import machine
 from run import CHAT
 
@@ -76,10 +83,10 @@ class Side:
         )
 
 
-async def _fetch(admin_url: str, sql: str, *args) -> list:
+async def _execute(admin_url: str, sql: str) -> None:
     conn = await asyncpg.connect(admin_url)
     try:
-        return await conn.fetch(sql, *args)
+        await conn.execute(sql)
     finally:
         await conn.close()
 
@@ -87,21 +94,25 @@ async def _fetch(admin_url: str, sql: str, *args) -> list:
 @contextmanager
 def database(admin_url: str) -> Iterator[str]:
     name = f"gateway_bench_{secrets.token_hex(4)}"
-    asyncio.run(_fetch(admin_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(_execute(admin_url, f'CREATE DATABASE "{name}"'))
     try:
         yield urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}"))
     finally:
-        asyncio.run(_fetch(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-def backends_cpu(admin_url: str, database_url: str) -> float:
-    """CPU seconds of the PostgreSQL backends now connected to the bench's database (the
-    gateways' pools: long-lived, so a round's difference is what it cost)."""
-    name = urlsplit(database_url).path.lstrip("/")
-    rows = asyncio.run(
-        _fetch(admin_url, "SELECT pid FROM pg_stat_activity WHERE datname = $1", name)
-    )
-    return sum(cpu_seconds(row["pid"]) for row in rows)
+def backends_cpu(database_url: str) -> float:
+    """CPU seconds of the PostgreSQL backends now connected to this database (the gateways'
+    pools: long-lived, so a round's difference is what it cost). A backend's process title
+    names its database ("postgres: 15/main: USER DATABASE HOST(PORT) STATE"): /proc alone
+    finds them, without a connection the server may be out of."""
+    name = f" {urlsplit(database_url).path.lstrip('/')} "
+    total = 0.0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        title = read_proc(cmdline).replace("\0", " ")
+        if title.startswith("postgres:") and name in title:
+            total += cpu_seconds(int(cmdline.parent.name))
+    return total
 
 
 def instance(gateway: Path, folder: Path, upstream: str, database_url: str, shared: Path):
@@ -149,7 +160,7 @@ def postgresql(stack: ExitStack, args, folder: Path, upstream: str, count: int) 
     def cpu() -> dict[str, float]:
         return {
             "gateways": sum(cpu_seconds(s.pid) for s in gateways),
-            "PostgreSQL": backends_cpu(args.postgres, database_url),
+            "PostgreSQL": backends_cpu(database_url),
         }
 
     if count == 1:
@@ -247,7 +258,7 @@ def missing(args) -> str | None:
     if args.haproxy is None:
         return "haproxy is not installed (bash scripts/system-deps.sh)"
     try:
-        asyncio.run(_fetch(args.postgres, "SELECT 1"))
+        asyncio.run(_execute(args.postgres, "SELECT 1"))
     except (OSError, asyncpg.PostgresError) as error:
         return f"no PostgreSQL at {args.postgres}: {error}"
     return None
