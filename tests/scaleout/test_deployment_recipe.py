@@ -108,7 +108,9 @@ def deployment(postgres_url, tmp_path_factory):
             instances.append(stack.enter_context(gateway))
         proxy = Proxy(binary, root, instances)
         stack.callback(proxy.stop)
-        wait_for(lambda: answers(proxy.url + "/healthz"), f"the proxy never served:\n{proxy.log()}")
+        exited = proxy.process.poll
+        wait_for(lambda: exited() is not None or answers(proxy.url + "/healthz"), "no proxy")
+        assert exited() is None, f"haproxy exited:\n{proxy.log()}"
         project = instances[0].create_project("recipe", "--balance", "100")
         yield proxy, instances, instances[1].create_key(project)
 
