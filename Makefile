@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py --quick --out bench/results/latest.md
 	cd bench && ../$(BIN)/python paired.py --name-a "metrics on" --name-b "metrics off" \
 		--extra-b '[metrics]\nenabled = false' --rounds 3 | tee -a results/latest.md
+	cd bench && ../$(BIN)/python scaleout.py --rounds 3 | tee -a results/latest.md
 
 clean:
 	rm -rf $(VENV) data .pytest_cache dist build
