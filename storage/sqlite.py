@@ -47,8 +47,10 @@ opens it (SQLite gives its -wal and -shm files the database's mode), the epoch f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -121,6 +123,60 @@ def _json_list(value: list[str] | frozenset[str] | None) -> str | None:
     return None if value is None else orjson.dumps(sorted(value)).decode()
 
 
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _pack(prefix: str, value: str | None) -> str | bytes | None:
+    """An id of the gateway's form (prefix + lowercase hex), or a hex digest (prefix ''),
+    as the bytes of its hex part; anything else unchanged (migration 0011)."""
+    if not isinstance(value, str) or not value.startswith(prefix):
+        return value
+    body = value[len(prefix) :]
+    if not body or len(body) % 2 or not _HEX_DIGITS.issuperset(body):
+        return value
+    return bytes.fromhex(body)
+
+
+def _unpack(prefix: str, value: str | bytes | None) -> str | None:
+    return prefix + value.hex() if isinstance(value, bytes) else value
+
+
+def _is_int64(value: object) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
+
+
+def _split_usage(usage: dict[str, int]) -> tuple[int | None, int | None, str | None]:
+    """Input and output tokens as integers, any other count as JSON (None: no other)."""
+    rest = dict(usage)
+    counts = [rest.pop(n) if _is_int64(rest.get(n)) else None for n in _TOKEN_COUNTS]
+    return counts[0], counts[1], orjson.dumps(rest).decode() if rest else None
+
+
+_TOKEN_COUNTS = ("input_tokens", "output_tokens")
+_MAX_INT = 2**63 - 1
+
+
+def _usage_part(usage: str | None, part: str | None) -> int | str | None:
+    """Migration 0011's `gateway_usage(usage, part)`: a token count, or (part NULL) the rest."""
+    if usage is None:
+        return None
+    split = _split_usage(orjson.loads(usage))
+    return split[2] if part is None else split[_TOKEN_COUNTS.index(part)]
+
+
+def _response_commitment(salt: str | None, response_sha256: str | None) -> str | None:
+    """SHA-256(salt || digest) from their hex: what every receipt the gateway issues
+    commits to (gateway/proofs/commitments.py), so it is rebuilt rather than stored."""
+    salt_bytes, digest = _pack("", salt), _pack("", response_sha256)
+    if not isinstance(salt_bytes, bytes) or not isinstance(digest, bytes):
+        return None
+    return hashlib.sha256(salt_bytes + digest).hexdigest()
+
+
+def _month_of(created_at_us: int) -> str:
+    return time.strftime("%Y-%m", time.gmtime(created_at_us // 1_000_000))
+
+
 def _project(row: sqlite3.Row) -> ProjectRecord:
     allow = row["allow_models"]
     return ProjectRecord(
@@ -136,7 +192,14 @@ def _project(row: sqlite3.Row) -> ProjectRecord:
 
 
 def _receipt(row: sqlite3.Row) -> ReceiptRecord:
-    return ReceiptRecord(**{**dict(row), "usage": orjson.loads(row["usage"])})
+    """A row of the `receipts` view (migration 0011) as the record it was settled as."""
+    fields = {name: row[name] for name in ReceiptRecord.__struct_fields__}
+    fields["usage"] = orjson.loads(row["usage"])
+    if fields["response_commitment"] is None and fields["response_salt"] is not None:
+        fields["response_commitment"] = _response_commitment(
+            fields["response_salt"], fields["response_sha256"]
+        )
+    return ReceiptRecord(**fields)
 
 
 def _key(row: sqlite3.Row) -> KeyRecord:
@@ -224,6 +287,7 @@ class SQLiteStorage(Storage):
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
         self._writer = writer
+        self._shapes: dict[tuple[str | None, ...], int] = {}  # receipt_shapes ids, never change
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -276,6 +340,12 @@ class SQLiteStorage(Storage):
         # table rebuild (SQLite's 12-step procedure) drops a table others point at. Each
         # migration must leave them consistent, checked before its commit.
         await self._conn.execute("PRAGMA foreign_keys = OFF")
+        # What migration 0011 converts existing receipts with: the boundary's own functions.
+        await self._conn.create_function("gateway_pack", 2, _pack, deterministic=True)
+        await self._conn.create_function("gateway_usage", 2, _usage_part, deterministic=True)
+        await self._conn.create_function(
+            "gateway_response_commitment", 2, _response_commitment, deterministic=True
+        )
         try:
             for number, script in _migrations():
                 async with self._transaction() as db:
@@ -293,7 +363,11 @@ class SQLiteStorage(Storage):
 
     @staticmethod
     async def _scalar(db: aiosqlite.Connection, sql: str) -> int:
-        async with db.execute(sql) as cursor:
+        return await SQLiteStorage._scalar_of(db, sql, ())
+
+    @staticmethod
+    async def _scalar_of(db: aiosqlite.Connection, sql: str, params: tuple[object, ...]) -> int:
+        async with db.execute(sql, params) as cursor:
             row = await cursor.fetchone()
         return 0 if row is None else int(row[0])
 
@@ -455,45 +529,65 @@ class SQLiteStorage(Storage):
 
     async def settle(self, receipt: ReceiptRecord) -> bool:
         r = receipt
+        input_tokens, output_tokens, usage_rest = _split_usage(r.usage)
+        rebuilt = _response_commitment(r.response_salt, r.response_sha256)
         # Inserted only while its hold is open and covers the cost, in the one statement:
         # no row (False) when the hold is gone. The `receipt_needs_hold` trigger enforces
         # the same rule for every other writer (it aborts with reservation_gone).
         inserted = await self._write(
-            "INSERT INTO receipts (id, reservation_id, project_id, key_id, request_id, kind,"
-            " endpoint, model_or_runtime, status, usage, cost, month, created_at,"
+            "INSERT INTO receipt_rows (id, reservation_id, project_id, key_id, request_id,"
+            " shape, input_tokens, output_tokens, usage_rest, cost, month, created_at,"
             " request_sha256, response_sha256, request_salt, response_salt,"
-            " request_commitment, response_commitment, usage_source, provider)"
-            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+            " request_commitment, response_commitment)"
+            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
             " WHERE EXISTS (SELECT 1 FROM reservations"
             "  WHERE id = ? AND project_id = ? AND amount >= ?)",
             (
-                r.id,
-                r.reservation_id,
-                r.project_id,
-                r.key_id,
-                r.request_id,
-                r.kind,
-                r.endpoint,
-                r.model_or_runtime,
-                r.status,
-                orjson.dumps(r.usage).decode(),
+                _pack("rcpt_", r.id),
+                _pack("rsv_", r.reservation_id),
+                _pack("prj_", r.project_id),
+                _pack("key_", r.key_id),
+                _pack("req_", r.request_id),
+                await self._shape(r),
+                input_tokens,
+                output_tokens,
+                usage_rest,
                 r.cost,
-                r.month,
+                None if r.month == _month_of(r.created_at) else r.month,
                 r.created_at,
-                r.request_sha256,
-                r.response_sha256,
-                r.request_salt,
-                r.response_salt,
-                r.request_commitment,
-                r.response_commitment,
-                r.usage_source,
-                r.provider,
+                _pack("", r.request_sha256),
+                _pack("", r.response_sha256),
+                _pack("", r.request_salt),
+                _pack("", r.response_salt),
+                _pack("", r.request_commitment),
+                None if r.response_commitment == rebuilt else _pack("", r.response_commitment),
                 r.reservation_id,
                 r.project_id,
                 r.cost,
             ),
         )
         return inserted == 1
+
+    async def _shape(self, r: ReceiptRecord) -> int:
+        """The id of the receipt's labels in receipt_shapes, added the first time they occur."""
+        labels = (r.kind, r.endpoint, r.model_or_runtime, r.status, r.usage_source, r.provider)
+        shape = self._shapes.get(labels)
+        if shape is None:
+            async with self._transaction() as db:
+                await db.execute(
+                    "INSERT INTO receipt_shapes (kind, endpoint, model_or_runtime, status,"
+                    " usage_source, provider) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    labels,
+                )
+                shape = await self._scalar_of(
+                    db,
+                    "SELECT id FROM receipt_shapes WHERE kind = ? AND endpoint = ?"
+                    " AND model_or_runtime = ? AND status = ? AND usage_source = ?"
+                    " AND provider IS ?",
+                    labels,
+                )
+            self._shapes[labels] = shape
+        return shape
 
     async def release(self, reservation_id: str) -> None:
         await self._write("DELETE FROM reservations WHERE id = ?", (reservation_id,))
@@ -534,12 +628,11 @@ class SQLiteStorage(Storage):
         return 0 if row is None else int(row["spent"])
 
     async def get_receipt(self, receipt_id: str) -> ReceiptRecord | None:
-        row = await self._fetchone("SELECT * FROM receipts WHERE id = ?", (receipt_id,))
-        if row is None:
-            return None
-        fields = dict(row)
-        fields["usage"] = orjson.loads(fields["usage"])
-        return ReceiptRecord(**fields)
+        row = await self._fetchone(
+            "SELECT * FROM receipts WHERE seq = (SELECT seq FROM receipt_rows WHERE id = ?)",
+            (_pack("rcpt_", receipt_id),),
+        )
+        return None if row is None else _receipt(row)
 
     async def audit(self, project_id: str, month: str) -> Audit:
         row = await self._fetchone(
@@ -581,18 +674,21 @@ class SQLiteStorage(Storage):
         return None if row is None else SandboxRecord(**dict(row))
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
+        # Leaves follow receipts' issue order, so the search starts after the last logged
+        # one (with tiles, else before them) instead of scanning every receipt ever issued.
+        last_leaf = await self._fetchone(
+            "SELECT receipt_id FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
+        )
         rows = await self._fetchall(
-            # Leaves follow receipt rowids, so the search starts after the last logged one
-            # (with tiles, else before them) instead of scanning every receipt ever issued.
-            "SELECT r.* FROM receipts r WHERE r.rowid > COALESCE("
-            " (SELECT x.rowid FROM log_entries e JOIN receipts x ON x.id = e.receipt_id"
-            "  ORDER BY e.leaf_index DESC LIMIT 1),"
-            " (SELECT x.rowid FROM log_leaves l JOIN receipts x ON x.id = l.receipt_id"
-            "  ORDER BY l.leaf_index DESC LIMIT 1), 0)"
+            "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
+            " WHERE r.seq > max("
+            "  COALESCE((SELECT x.seq FROM log_entries e JOIN receipt_rows x"
+            "   ON x.id = e.receipt_id ORDER BY e.leaf_index DESC LIMIT 1), 0),"
+            "  COALESCE((SELECT seq FROM receipt_rows WHERE id = ?), 0))"
             " AND NOT EXISTS (SELECT 1 FROM log_entries e WHERE e.receipt_id = r.id)"
-            " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = r.id)"
-            " ORDER BY r.rowid LIMIT ?",
-            (limit,),
+            " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = v.id)"
+            " ORDER BY r.seq LIMIT ?",
+            (None if last_leaf is None else _pack("rcpt_", last_leaf[0]), limit),
         )
         return [_receipt(row) for row in rows]
 
@@ -771,8 +867,7 @@ class SQLiteStorage(Storage):
 
     async def list_keys(self, project_id: str) -> list[KeyListing]:
         rows = await self._fetchall(
-            "SELECT k.*, (SELECT MAX(r.created_at) FROM receipts r WHERE r.key_id = k.id)"
-            " AS last_used_us FROM api_keys k WHERE k.project_id = ?"
+            "SELECT k.* FROM api_keys k WHERE k.project_id = ?"
             " ORDER BY k.created_at DESC, k.rowid DESC",
             (project_id,),
         )
@@ -790,45 +885,41 @@ class SQLiteStorage(Storage):
     ) -> list[dict[str, object]]:
         group = {
             "day": "strftime('%Y-%m-%d', r.created_at / 1000000, 'unixepoch')",
-            "model": "r.model_or_runtime",
+            "model": "s.model_or_runtime",
             "key": "k.prefix",
         }[group_by]
+        # Receipts (migration 0011) keep integer token counts in columns, others in usage_rest.
         rows = await self._fetchall(
             f"SELECT {group} AS grp, COUNT(*) AS requests,"  # noqa: S608 (a fixed expression)
-            " COALESCE(SUM(json_extract(r.usage, '$.input_tokens')), 0) AS input_tokens,"
-            " COALESCE(SUM(json_extract(r.usage, '$.output_tokens')), 0) AS output_tokens,"
-            " COALESCE(SUM(CASE r.kind WHEN 'sandbox'"
-            "  THEN json_extract(r.usage, '$.duration_ms') END), 0) AS sandbox_ms,"
+            " COALESCE(SUM(COALESCE(r.input_tokens,"
+            "  json_extract(r.usage_rest, '$.input_tokens'))), 0) AS input_tokens,"
+            " COALESCE(SUM(COALESCE(r.output_tokens,"
+            "  json_extract(r.usage_rest, '$.output_tokens'))), 0) AS output_tokens,"
+            " COALESCE(SUM(CASE s.kind WHEN 'sandbox'"
+            "  THEN json_extract(r.usage_rest, '$.duration_ms') END), 0) AS sandbox_ms,"
             " SUM(r.cost) AS cost"
-            " FROM receipts r LEFT JOIN api_keys k ON k.id = r.key_id"
+            " FROM receipt_rows r JOIN receipt_shapes s ON s.id = r.shape"
+            " LEFT JOIN api_keys k ON k.id = (CASE typeof(r.key_id) WHEN 'blob'"
+            "  THEN 'key_' || lower(hex(r.key_id)) ELSE r.key_id END)"
             " WHERE r.project_id = ? AND r.created_at >= ? AND r.created_at < ?"
             " GROUP BY grp ORDER BY grp",
-            (project_id, start_us, end_us),
+            (_pack("prj_", project_id), start_us, end_us),
         )
         return [{**dict(row), "group": row["grp"]} for row in rows]
 
     async def list_receipts(
         self, project_id: str, limit: int, before: int | None
     ) -> list[tuple[int, ReceiptRecord]]:
+        # Newest first along receipt_rows_project (project, created_at, then issue order);
+        # the cursor is a receipt's seq, and the page continues below its place.
         rows = await self._fetchall(
-            "SELECT rowid AS position, * FROM receipts WHERE project_id = ? AND rowid < ?"
-            " ORDER BY rowid DESC LIMIT ?",
-            (project_id, 2**63 - 1 if before is None else before, limit),
+            "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
+            " WHERE r.project_id = ?1 AND (r.created_at, r.seq) <"
+            " (COALESCE((SELECT created_at FROM receipt_rows WHERE seq = ?2), ?3), ?2)"
+            " ORDER BY r.created_at DESC, r.seq DESC LIMIT ?4",
+            (_pack("prj_", project_id), _MAX_INT if before is None else before, _MAX_INT, limit),
         )
-        return [
-            (
-                row["position"],
-                ReceiptRecord(
-                    **{
-                        name: row[name]
-                        for name in ReceiptRecord.__struct_fields__
-                        if name != "usage"
-                    },
-                    usage=orjson.loads(row["usage"]),
-                ),
-            )
-            for row in rows
-        ]
+        return [(row["seq"], _receipt(row)) for row in rows]
 
     async def list_ledger(
         self, project_id: str, limit: int, before: int | None
@@ -853,7 +944,7 @@ class SQLiteStorage(Storage):
                 ),
                 amount=row["amount"],
                 key_id=row["key_id"],
-                receipt_id=row["receipt_id"],
+                receipt_id=_unpack("rcpt_", row["receipt_id"]),
                 reference=row["reference"] or row["tx_hash"],
                 created_at=row["created_at"],
             )
@@ -1166,7 +1257,7 @@ class SQLiteStorage(Storage):
                 # Entries first: a writer that raced us fails here, before the tiles.
                 (
                     "INSERT INTO log_entries (leaf_index, receipt_id) VALUES (?, ?)",
-                    [(e.leaf_index, e.receipt_id) for e in entries],
+                    [(e.leaf_index, _pack("rcpt_", e.receipt_id)) for e in entries],
                 ),
                 # The log_tiles_only_grow trigger refuses an update that is not an append.
                 (
@@ -1194,24 +1285,19 @@ class SQLiteStorage(Storage):
 
     async def log_entry_index(self, receipt_id: str) -> int | None:
         row = await self._fetchone(
-            "SELECT leaf_index FROM log_entries WHERE receipt_id = ?", (receipt_id,)
+            "SELECT leaf_index FROM log_entries WHERE receipt_id = ?",
+            (_pack("rcpt_", receipt_id),),
         )
         return None if row is None else row[0]
 
     async def log_entry_receipts(self, start: int, end: int) -> list[tuple[int, ReceiptRecord]]:
         rows = await self._fetchall(
-            "SELECT e.leaf_index AS log_leaf_index, r.* FROM log_entries e"
-            " JOIN receipts r ON r.id = e.receipt_id"
+            "SELECT e.leaf_index AS log_leaf_index, v.* FROM log_entries e"
+            " JOIN receipt_rows r ON r.id = e.receipt_id JOIN receipts v ON v.seq = r.seq"
             " WHERE e.leaf_index >= ? AND e.leaf_index < ? ORDER BY e.leaf_index",
             (start, end),
         )
-        result = []
-        for row in rows:
-            fields = dict(row)
-            index = fields.pop("log_leaf_index")
-            fields["usage"] = orjson.loads(fields["usage"])
-            result.append((index, ReceiptRecord(**fields)))
-        return result
+        return [(row["log_leaf_index"], _receipt(row)) for row in rows]
 
 
 def _user(row: sqlite3.Row) -> UserRecord:
