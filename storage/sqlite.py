@@ -248,6 +248,16 @@ _WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
 BUSY_TIMEOUT_S = 5.0
 
 
+# Page cache per connection (the writer's and the reader's), and no memory map: see
+# bench/storage_backends.py --prefill. The request path's writes touch the right edge of
+# append-only b-trees, plus one random leaf of the receipt-id index per receipt; a cache
+# of that size keeps those in memory at a million receipts without making RSS follow the
+# file (a memory map would: its touched pages count in RSS, and the soak's database grows
+# by hundreds of MB).
+CACHE_SIZE_KIB = 16 * 1024
+MMAP_SIZE_BYTES = 0
+
+
 def _pragmas(busy_timeout_s: float) -> tuple[str, ...]:
     return (
         "journal_mode = WAL",
@@ -255,6 +265,8 @@ def _pragmas(busy_timeout_s: float) -> tuple[str, ...]:
         "foreign_keys = ON",
         f"busy_timeout = {round(busy_timeout_s * 1000)}",
         f"journal_size_limit = {_WAL_SIZE_LIMIT}",
+        f"cache_size = -{CACHE_SIZE_KIB}",
+        f"mmap_size = {MMAP_SIZE_BYTES}",
     )
 
 
@@ -287,7 +299,7 @@ class SQLiteStorage(Storage):
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
         self._writer = writer
-        self._shapes: dict[tuple[str | None, ...], int] = {}  # receipt_shapes ids, never change
+        self._shapes: set[tuple[str | None, ...]] = set()  # labels known in receipt_shapes
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -363,11 +375,7 @@ class SQLiteStorage(Storage):
 
     @staticmethod
     async def _scalar(db: aiosqlite.Connection, sql: str) -> int:
-        return await SQLiteStorage._scalar_of(db, sql, ())
-
-    @staticmethod
-    async def _scalar_of(db: aiosqlite.Connection, sql: str, params: tuple[object, ...]) -> int:
-        async with db.execute(sql, params) as cursor:
+        async with db.execute(sql) as cursor:
             row = await cursor.fetchone()
         return 0 if row is None else int(row[0])
 
@@ -529,6 +537,8 @@ class SQLiteStorage(Storage):
 
     async def settle(self, receipt: ReceiptRecord) -> bool:
         r = receipt
+        labels = (r.kind, r.endpoint, r.model_or_runtime, r.status, r.usage_source, r.provider)
+        await self._add_shape(labels)
         input_tokens, output_tokens, usage_rest = _split_usage(r.usage)
         rebuilt = _response_commitment(r.response_salt, r.response_sha256)
         # Inserted only while its hold is open and covers the cost, in the one statement:
@@ -539,8 +549,11 @@ class SQLiteStorage(Storage):
             " shape, input_tokens, output_tokens, usage_rest, cost, month, created_at,"
             " request_sha256, response_sha256, request_salt, response_salt,"
             " request_commitment, response_commitment)"
-            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE EXISTS (SELECT 1 FROM reservations"
+            " SELECT ?, ?, ?, ?, ?, s.id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+            " FROM receipt_shapes s WHERE s.kind = ? AND s.endpoint = ?"
+            " AND s.model_or_runtime = ? AND s.status = ? AND s.usage_source = ?"
+            " AND s.provider IS ?"
+            " AND EXISTS (SELECT 1 FROM reservations"
             "  WHERE id = ? AND project_id = ? AND amount >= ?)",
             (
                 _pack("rcpt_", r.id),
@@ -548,7 +561,6 @@ class SQLiteStorage(Storage):
                 _pack("prj_", r.project_id),
                 _pack("key_", r.key_id),
                 _pack("req_", r.request_id),
-                await self._shape(r),
                 input_tokens,
                 output_tokens,
                 usage_rest,
@@ -561,6 +573,7 @@ class SQLiteStorage(Storage):
                 _pack("", r.response_salt),
                 _pack("", r.request_commitment),
                 None if r.response_commitment == rebuilt else _pack("", r.response_commitment),
+                *labels,
                 r.reservation_id,
                 r.project_id,
                 r.cost,
@@ -568,26 +581,16 @@ class SQLiteStorage(Storage):
         )
         return inserted == 1
 
-    async def _shape(self, r: ReceiptRecord) -> int:
-        """The id of the receipt's labels in receipt_shapes, added the first time they occur."""
-        labels = (r.kind, r.endpoint, r.model_or_runtime, r.status, r.usage_source, r.provider)
-        shape = self._shapes.get(labels)
-        if shape is None:
-            async with self._transaction() as db:
-                await db.execute(
-                    "INSERT INTO receipt_shapes (kind, endpoint, model_or_runtime, status,"
-                    " usage_source, provider) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    labels,
-                )
-                shape = await self._scalar_of(
-                    db,
-                    "SELECT id FROM receipt_shapes WHERE kind = ? AND endpoint = ?"
-                    " AND model_or_runtime = ? AND status = ? AND usage_source = ?"
-                    " AND provider IS ?",
-                    labels,
-                )
-            self._shapes[labels] = shape
-        return shape
+    async def _add_shape(self, labels: tuple[str | None, ...]) -> None:
+        """The receipt's labels in receipt_shapes, the first time this process meets them
+        (a write SQL decides alone: group-committed, before the receipt that needs them)."""
+        if labels not in self._shapes:
+            await self._write(
+                "INSERT INTO receipt_shapes (kind, endpoint, model_or_runtime, status,"
+                " usage_source, provider) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                labels,
+            )
+            self._shapes.add(labels)
 
     async def release(self, reservation_id: str) -> None:
         await self._write("DELETE FROM reservations WHERE id = ?", (reservation_id,))
@@ -635,17 +638,24 @@ class SQLiteStorage(Storage):
         return None if row is None else _receipt(row)
 
     async def audit(self, project_id: str, month: str) -> Audit:
+        # Charges are whole ledger rows, or rows that name their receipt (migration 0011).
         row = await self._fetchone(
             "SELECT p.balance, p.reserved,"
             " (SELECT COALESCE(SUM(CASE kind WHEN 'credit' THEN amount ELSE -amount END), 0)"
-            "  FROM ledger WHERE project_id = p.id) AS ledger_sum,"
+            "  FROM ledger WHERE project_id = p.id)"
+            " - (SELECT COALESCE(SUM(r.cost), 0) FROM receipt_rows r"
+            "  JOIN ledger l ON l.receipt = r.seq WHERE r.project_id = ?1) AS ledger_sum,"
             " (SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project_id = p.id) AS held,"
-            " (SELECT COALESCE(SUM(spent), 0) FROM month_spend WHERE subject = p.id AND month = ?)"
+            " (SELECT COALESCE(SUM(spent), 0) FROM month_spend WHERE subject = p.id AND month = ?2)"
             "  AS month_spend,"
             " (SELECT COALESCE(SUM(amount), 0) FROM ledger"
-            "  WHERE project_id = p.id AND kind = 'charge' AND month = ?) AS month_charges"
-            " FROM projects p WHERE p.id = ?",
-            (month, month, project_id),
+            "  WHERE project_id = p.id AND kind = 'charge' AND month = ?2)"
+            " + (SELECT COALESCE(SUM(r.cost), 0) FROM receipt_rows r"
+            "  JOIN ledger l ON l.receipt = r.seq WHERE r.project_id = ?1 AND ?2 ="
+            "  coalesce(r.month, strftime('%Y-%m', r.created_at / 1000000, 'unixepoch')))"
+            "  AS month_charges"
+            " FROM projects p WHERE p.id = ?3",
+            (_pack("prj_", project_id), month, project_id),
         )
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
@@ -682,10 +692,9 @@ class SQLiteStorage(Storage):
         rows = await self._fetchall(
             "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
             " WHERE r.seq > max("
-            "  COALESCE((SELECT x.seq FROM log_entries e JOIN receipt_rows x"
-            "   ON x.id = e.receipt_id ORDER BY e.leaf_index DESC LIMIT 1), 0),"
+            "  COALESCE((SELECT receipt FROM log_entries ORDER BY leaf_index DESC LIMIT 1), 0),"
             "  COALESCE((SELECT seq FROM receipt_rows WHERE id = ?), 0))"
-            " AND NOT EXISTS (SELECT 1 FROM log_entries e WHERE e.receipt_id = r.id)"
+            " AND NOT EXISTS (SELECT 1 FROM log_entries e WHERE e.receipt = r.seq)"
             " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = v.id)"
             " ORDER BY r.seq LIMIT ?",
             (None if last_leaf is None else _pack("rcpt_", last_leaf[0]), limit),
@@ -910,28 +919,38 @@ class SQLiteStorage(Storage):
     async def list_receipts(
         self, project_id: str, limit: int, before: int | None
     ) -> list[tuple[int, ReceiptRecord]]:
-        # Newest first along receipt_rows_project (project, created_at, then issue order);
-        # the cursor is a receipt's seq, and the page continues below its place.
         rows = await self._fetchall(
             "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
-            " WHERE r.project_id = ?1 AND (r.created_at, r.seq) <"
-            " (COALESCE((SELECT created_at FROM receipt_rows WHERE seq = ?2), ?3), ?2)"
-            " ORDER BY r.created_at DESC, r.seq DESC LIMIT ?4",
-            (_pack("prj_", project_id), _MAX_INT if before is None else before, _MAX_INT, limit),
+            " WHERE r.project_id = ? AND r.seq < ? ORDER BY r.seq DESC LIMIT ?",
+            (_pack("prj_", project_id), _MAX_INT if before is None else before, limit),
         )
         return [(row["seq"], _receipt(row)) for row in rows]
 
     async def list_ledger(
         self, project_id: str, limit: int, before: int | None
     ) -> list[LedgerEntry]:
-        rows = await self._fetchall(
+        below = _MAX_INT if before is None else before
+        whole = await self._fetchall(
             "SELECT l.id, l.kind, l.amount, l.key_id, l.receipt_id, l.created_at,"
             " p.reference, u.tx_hash FROM ledger l"
             " LEFT JOIN payments p ON p.ledger_id = l.id"
             " LEFT JOIN purchases u ON u.ledger_id = l.id"
             " WHERE l.project_id = ? AND l.id < ? ORDER BY l.id DESC LIMIT ?",
-            (project_id, 2**63 - 1 if before is None else before, limit),
+            (project_id, below, limit),
         )
+        # Charges told by their receipt (migration 0011), found along the receipts' project
+        # index: their ledger ids grow with their receipts' seqs, so those below the cursor
+        # are the receipts below the first such charge at or above it.
+        told = await self._fetchall(
+            "SELECT l.id, 'charge' AS kind, r.cost AS amount, r.key_id, r.id AS receipt_id,"
+            " r.created_at / 1000000 AS created_at, NULL AS reference, NULL AS tx_hash"
+            " FROM receipt_rows r JOIN ledger l ON l.receipt = r.seq"
+            " WHERE r.project_id = ? AND r.seq < COALESCE((SELECT receipt FROM ledger"
+            "  WHERE id >= ? AND receipt IS NOT NULL ORDER BY id LIMIT 1), ?)"
+            " ORDER BY r.seq DESC LIMIT ?",
+            (_pack("prj_", project_id), below, _MAX_INT, limit),
+        )
+        rows = sorted([*whole, *told], key=lambda row: row["id"], reverse=True)[:limit]
         return [
             LedgerEntry(
                 id=row["id"],
@@ -943,7 +962,7 @@ class SQLiteStorage(Storage):
                     else row["kind"]
                 ),
                 amount=row["amount"],
-                key_id=row["key_id"],
+                key_id=_unpack("key_", row["key_id"]),
                 receipt_id=_unpack("rcpt_", row["receipt_id"]),
                 reference=row["reference"] or row["tx_hash"],
                 created_at=row["created_at"],
@@ -1256,7 +1275,8 @@ class SQLiteStorage(Storage):
             [
                 # Entries first: a writer that raced us fails here, before the tiles.
                 (
-                    "INSERT INTO log_entries (leaf_index, receipt_id) VALUES (?, ?)",
+                    "INSERT INTO log_entries (leaf_index, receipt)"
+                    " VALUES (?, (SELECT seq FROM receipt_rows WHERE id = ?))",
                     [(e.leaf_index, _pack("rcpt_", e.receipt_id)) for e in entries],
                 ),
                 # The log_tiles_only_grow trigger refuses an update that is not an append.
@@ -1285,7 +1305,8 @@ class SQLiteStorage(Storage):
 
     async def log_entry_index(self, receipt_id: str) -> int | None:
         row = await self._fetchone(
-            "SELECT leaf_index FROM log_entries WHERE receipt_id = ?",
+            "SELECT e.leaf_index FROM receipt_rows r JOIN log_entries e ON e.receipt = r.seq"
+            " WHERE r.id = ?",
             (_pack("rcpt_", receipt_id),),
         )
         return None if row is None else row[0]
@@ -1293,7 +1314,7 @@ class SQLiteStorage(Storage):
     async def log_entry_receipts(self, start: int, end: int) -> list[tuple[int, ReceiptRecord]]:
         rows = await self._fetchall(
             "SELECT e.leaf_index AS log_leaf_index, v.* FROM log_entries e"
-            " JOIN receipt_rows r ON r.id = e.receipt_id JOIN receipts v ON v.seq = r.seq"
+            " JOIN receipts v ON v.seq = e.receipt"
             " WHERE e.leaf_index >= ? AND e.leaf_index < ? ORDER BY e.leaf_index",
             (start, end),
         )

@@ -226,6 +226,18 @@ async def test_new_receipts_are_stored_compactly_and_the_money_rules_hold(migrat
     assert await storage.settle(receipt)
     assert not await storage.settle(receipt)  # the hold is consumed once
     assert await storage.get_receipt(receipt.id) == receipt
+    await storage.add_credit(PROJECT, 5, MONTH)
+    # Whole rows (credits) and rows told by their receipt (charges), newest first, by page.
+    entries = await storage.list_ledger(PROJECT, 100, None)
+    assert [e.kind for e in entries] == ["credit", "charge", "charge", "charge", "charge",
+                                         "charge", "credit"]  # fmt: skip
+    assert entries[1].receipt_id == receipt.id and entries[1].amount == 400
+    paged, cursor = [], None
+    while page := await storage.list_ledger(PROJECT, 2, cursor):
+        paged, cursor = paged + page, page[-1].id
+    assert paged == entries
+    audit = await storage.audit(PROJECT, MONTH)
+    assert audit.balance == audit.ledger_sum and audit.month_spend == audit.month_charges_sum
     with pytest.raises(sqlite3.IntegrityError, match="reservation_gone"):  # any writer
         conn = sqlite3.connect(path)
         with conn:
@@ -237,6 +249,8 @@ async def test_new_receipts_are_stored_compactly_and_the_money_rules_hold(migrat
             )
     conn.close()
     conn = sqlite3.connect(path)
+    slim = conn.execute("SELECT count(*) FROM ledger WHERE receipt IS NOT NULL").fetchone()
+    assert slim == (5,)  # the four migrated charges and the new one
     row = conn.execute(
         "SELECT typeof(id), length(id), typeof(request_sha256), month, response_commitment,"
         " usage_rest FROM receipt_rows WHERE id = ?",

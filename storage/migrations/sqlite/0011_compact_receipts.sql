@@ -16,10 +16,19 @@
 -- (response_commitment as stored). Existing rows are converted by functions the
 -- migration runner registers (gateway_pack, gateway_usage, gateway_response_commitment).
 --
--- Also: log_entries names its receipt by the same packed id; log_leaves (leaves logged
--- before tiles, frozen) keeps its text ids and loses its foreign key (it pointed at the
--- table replaced here); ledger charges name their receipt by the packed id; a key's last
--- use is kept on the key by the settlement's trigger instead of an index over receipts.
+-- Nothing stored twice:
+--   - a charge's ledger row is its id and its receipt (`receipt`, the receipt's seq); its
+--     project, key, amount, month and time are the receipt's. The settlement's trigger
+--     moves the balance and the month's spend itself; ledger_moves_balance moves them for
+--     the other rows (credits; charges written before this migration that do not match
+--     their receipt stay whole). A charge's ledger id grows with its receipt's seq (both
+--     are assigned by the one statement that inserts the receipt), which lets a ledger
+--     page find its charges through the receipts' project index.
+--   - log_entries names its receipt by seq; log_leaves (leaves logged before tiles,
+--     frozen) keeps its text ids and loses its foreign key (it pointed at the table
+--     replaced here);
+--   - a key's last use is kept on the key by the settlement's trigger, not by an index
+--     over every receipt.
 
 CREATE TABLE receipt_shapes (
     id               INTEGER PRIMARY KEY,
@@ -85,18 +94,20 @@ SELECT r.rowid,
          THEN NULL ELSE gateway_pack('', r.response_commitment) END
 FROM receipts r ORDER BY r.rowid;
 
-CREATE INDEX receipt_rows_project ON receipt_rows (project_id, created_at);
+CREATE INDEX receipt_rows_project ON receipt_rows (project_id);  -- then seq, implicitly
 
 -- The log's tables, rebuilt to point at receipt_rows (the 12-step procedure; the runner
 -- checks foreign keys before commit).
 CREATE TABLE log_entries_new (
     leaf_index INTEGER PRIMARY KEY,
-    receipt_id NOT NULL REFERENCES receipt_rows (id)
+    receipt    INTEGER NOT NULL REFERENCES receipt_rows (seq)
 );
-INSERT INTO log_entries_new SELECT leaf_index, gateway_pack('rcpt_', receipt_id) FROM log_entries;
+INSERT INTO log_entries_new
+SELECT e.leaf_index, r.seq FROM log_entries e
+JOIN receipt_rows r ON r.id = gateway_pack('rcpt_', e.receipt_id);
 DROP TABLE log_entries;
 ALTER TABLE log_entries_new RENAME TO log_entries;
-CREATE UNIQUE INDEX log_entries_receipt ON log_entries (receipt_id);
+CREATE UNIQUE INDEX log_entries_receipt ON log_entries (receipt);
 
 CREATE TABLE log_leaves_new (
     leaf_index     INTEGER PRIMARY KEY,
@@ -109,6 +120,59 @@ DROP TABLE log_leaves;
 ALTER TABLE log_leaves_new RENAME TO log_leaves;
 
 DROP TABLE receipts;
+
+-- The ledger, rebuilt under its own name (payments and purchases point at it).
+CREATE TABLE ledger_new (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    project_id TEXT REFERENCES projects (id),
+    key_id     TEXT REFERENCES api_keys (id),
+    kind       TEXT NOT NULL CHECK (kind IN ('credit', 'charge')),
+    amount     INTEGER CHECK (amount >= 0),
+    month      TEXT,
+    receipt_id,  -- a whole charge's receipt, packed as receipt_rows.id
+    created_at INTEGER,
+    receipt    INTEGER REFERENCES receipt_rows (seq),  -- a charge told by its receipt
+    CHECK (CASE WHEN receipt IS NULL
+           THEN project_id IS NOT NULL AND amount IS NOT NULL AND month IS NOT NULL
+                AND created_at IS NOT NULL
+           ELSE kind = 'charge' AND project_id IS NULL AND key_id IS NULL AND amount IS NULL
+                AND month IS NULL AND receipt_id IS NULL AND created_at IS NULL END)
+);
+INSERT INTO ledger_new
+SELECT l.id,
+    CASE WHEN r.seq IS NULL THEN l.project_id END,
+    CASE WHEN r.seq IS NULL THEN l.key_id END,
+    l.kind,
+    CASE WHEN r.seq IS NULL THEN l.amount END,
+    CASE WHEN r.seq IS NULL THEN l.month END,
+    CASE WHEN r.seq IS NULL THEN gateway_pack('rcpt_', l.receipt_id) END,
+    CASE WHEN r.seq IS NULL THEN l.created_at END,
+    r.seq
+FROM ledger l LEFT JOIN receipt_rows r
+    ON l.kind = 'charge' AND r.id = gateway_pack('rcpt_', l.receipt_id)
+   AND r.project_id = gateway_pack('prj_', l.project_id)
+   AND r.key_id IS gateway_pack('key_', l.key_id) AND r.cost = l.amount
+   AND coalesce(r.month, strftime('%Y-%m', r.created_at / 1000000, 'unixepoch')) = l.month
+   AND r.created_at / 1000000 = l.created_at
+ORDER BY l.id;
+DROP TABLE ledger;
+ALTER TABLE ledger_new RENAME TO ledger;
+CREATE INDEX ledger_project ON ledger (project_id) WHERE project_id IS NOT NULL;
+CREATE UNIQUE INDEX ledger_receipt ON ledger (receipt) WHERE receipt IS NOT NULL;
+
+CREATE TRIGGER ledger_moves_balance AFTER INSERT ON ledger
+WHEN NEW.receipt IS NULL
+BEGIN
+    UPDATE projects
+    SET balance = balance + CASE NEW.kind WHEN 'credit' THEN NEW.amount ELSE -NEW.amount END
+    WHERE id = NEW.project_id;
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT NEW.project_id, NEW.month, NEW.amount WHERE NEW.kind = 'charge'
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT NEW.key_id, NEW.month, NEW.amount WHERE NEW.kind = 'charge' AND NEW.key_id IS NOT NULL
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+END;
 
 CREATE TRIGGER log_is_append_only BEFORE UPDATE ON log_leaves
 BEGIN
@@ -126,9 +190,6 @@ CREATE TRIGGER log_entries_are_never_deleted BEFORE DELETE ON log_entries
 BEGIN
     SELECT RAISE(ABORT, 'the log is append-only');
 END;
-
--- Ledger charges name their receipt as receipt_rows does.
-UPDATE ledger SET receipt_id = gateway_pack('rcpt_', receipt_id) WHERE receipt_id IS NOT NULL;
 
 ALTER TABLE api_keys ADD COLUMN last_used_us INTEGER;  -- its latest receipt's created_at
 UPDATE api_keys SET last_used_us = (
@@ -149,20 +210,29 @@ BEGIN
     );
 END;
 
+-- The charge: its ledger row names the receipt; the balance and the month's spend move here.
 CREATE TRIGGER receipt_charges AFTER INSERT ON receipt_rows
 BEGIN
     DELETE FROM reservations WHERE id = (CASE typeof(NEW.reservation_id) WHEN 'blob'
         THEN 'rsv_' || lower(hex(NEW.reservation_id)) ELSE NEW.reservation_id END);
-    INSERT INTO ledger (project_id, key_id, kind, amount, month, receipt_id, created_at)
-    VALUES (
-        CASE typeof(NEW.project_id) WHEN 'blob'
-            THEN 'prj_' || lower(hex(NEW.project_id)) ELSE NEW.project_id END,
-        CASE typeof(NEW.key_id) WHEN 'blob'
-            THEN 'key_' || lower(hex(NEW.key_id)) ELSE NEW.key_id END,
-        'charge', NEW.cost,
-        coalesce(NEW.month, strftime('%Y-%m', NEW.created_at / 1000000, 'unixepoch')),
-        NEW.id, NEW.created_at / 1000000
-    );
+    UPDATE projects SET balance = balance - NEW.cost
+    WHERE id = (CASE typeof(NEW.project_id) WHEN 'blob'
+                THEN 'prj_' || lower(hex(NEW.project_id)) ELSE NEW.project_id END);
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT CASE typeof(NEW.project_id) WHEN 'blob'
+               THEN 'prj_' || lower(hex(NEW.project_id)) ELSE NEW.project_id END,
+           coalesce(NEW.month, strftime('%Y-%m', NEW.created_at / 1000000, 'unixepoch')),
+           NEW.cost
+    WHERE true
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT CASE typeof(NEW.key_id) WHEN 'blob'
+               THEN 'key_' || lower(hex(NEW.key_id)) ELSE NEW.key_id END,
+           coalesce(NEW.month, strftime('%Y-%m', NEW.created_at / 1000000, 'unixepoch')),
+           NEW.cost
+    WHERE NEW.key_id IS NOT NULL
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+    INSERT INTO ledger (kind, receipt) VALUES ('charge', NEW.seq);
     UPDATE api_keys SET last_used_us = max(coalesce(last_used_us, 0), NEW.created_at)
     WHERE id = (CASE typeof(NEW.key_id) WHEN 'blob'
                 THEN 'key_' || lower(hex(NEW.key_id)) ELSE NEW.key_id END);
