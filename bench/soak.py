@@ -28,7 +28,6 @@ from pathlib import Path
 from gateway_target import start_gateway
 from load import BENCH_DIR, WRK_THREADS, wrk_version
 from procs import StartError, memory_kib
-from report import MIB
 from run import CHAT, CHAT_STREAM, Bench, log
 from storage_size import GOAL_BYTES, checkpoint, measure
 from storage_size import render as render_size
@@ -56,8 +55,18 @@ def requests_of(output: str) -> tuple[int, int]:
     return stats["requests"], stats["errors"] + stats["bad_status"]
 
 
-def db_bytes(db: Path) -> int:
-    return sum(p.stat().st_size for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+def db_mib(db: Path) -> float:
+    files = (db, db.with_name(db.name + "-wal"))
+    return sum(p.stat().st_size for p in files if p.exists()) / 2**20
+
+
+def rss_mib(pid: int) -> float:
+    return memory_kib(pid) / 1024
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average: other work on the two cores shows here."""
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def main() -> int:
@@ -72,8 +81,8 @@ def main() -> int:
     lines = [
         f"Soak {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: chat and chat stream, "
         f"{CONNECTIONS} connections each, {args.minutes} min, fresh SQLite database\n",
-        "| minute | chat req/s | chat stream req/s | RSS MiB | DB MiB | errors |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| minute | chat req/s | chat stream req/s | RSS MiB | DB MiB | errors | load avg |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     print("\n".join(lines), flush=True)
     rows: list[tuple[int, list[float], float]] = []
@@ -89,8 +98,10 @@ def main() -> int:
             for kind in SCENARIOS:
                 bodies.append(folder / f"{kind.name.replace(' ', '-')}.json")
                 bodies[-1].write_bytes(kind.data)
-            idle = memory_kib(server.pid) / MIB
-            lines.append(f"|0 (idle)| | | {idle:.1f} | {db_bytes(db) / MIB:.1f} | |")
+            lines.append(
+                f"| 0 (idle) | | | {rss_mib(server.pid):.1f} | {db_mib(db):.1f} | |"
+                f" {load_average()} |"
+            )
             print(lines[-1], flush=True)
             for minute in range(1, args.minutes + 1):
                 runs = [
@@ -101,11 +112,11 @@ def main() -> int:
                 if server.proc.poll() is not None:
                     raise RuntimeError(f"the gateway exited in minute {minute}")
                 rps = [n / 60 for n, _ in counts]
-                rss = memory_kib(server.pid) / MIB
+                rss = rss_mib(server.pid)
                 rows.append((minute, rps, rss))
                 lines.append(
                     f"| {minute} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rss:.1f}"
-                    f" | {db_bytes(db) / MIB:.1f} | {sum(e for _, e in counts)} |"
+                    f" | {db_mib(db):.1f} | {sum(e for _, e in counts)} | {load_average()} |"
                 )
                 print(lines[-1], flush=True)
             time.sleep(2)  # the log appends what was settled last
