@@ -248,13 +248,13 @@ _WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
 BUSY_TIMEOUT_S = 5.0
 
 
-# Page cache per connection (the writer's and the reader's), and no memory map: see
-# bench/storage_backends.py --prefill. The request path's writes touch the right edge of
-# append-only b-trees, plus one random leaf of the receipt-id index per receipt; a cache
-# of that size keeps those in memory at a million receipts without making RSS follow the
-# file (a memory map would: its touched pages count in RSS, and the soak's database grows
-# by hundreds of MB).
-CACHE_SIZE_KIB = 16 * 1024
+# Page cache per connection (the writer's and the reader's) and memory map, measured with
+# bench/storage_backends.py --prefill and bench/soak.py: reserve + settle is about as much
+# slower at a million receipts with a 16 MiB cache or a 1 GiB map as with SQLite's default
+# 2 MB (the slope comes from the random receipt ids' index, not from cache misses), while
+# a bigger cache makes RSS climb until it is full (+15 MiB in a slowed soak) and a map's
+# touched pages count in RSS as the file grows. So: the default size, stated, and no map.
+CACHE_SIZE_KIB = 2000
 MMAP_SIZE_BYTES = 0
 
 
