@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from procs import Server, StartError, free_port
@@ -16,6 +17,7 @@ from procs import Server, StartError, free_port
 MODEL = "bench-1"
 UPSTREAM_KEY_ENV = "BENCH_UPSTREAM_KEY"
 UPSTREAM_ENV = {UPSTREAM_KEY_ENV: "bench-upstream-key"}
+BENCH_DIR = Path(__file__).resolve().parent
 HIGH_RPM = 100_000_000
 START_TIMEOUT_S = 15
 
@@ -170,3 +172,16 @@ def start_gateway(
         server.stop()
         raise
     return server, key
+
+
+def start_mock(folder: Path) -> Server:
+    """The mock upstream (bench/mock_upstream.py), started; the caller stops it."""
+    port = free_port()
+    mock = Server(
+        [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
+        port,
+        folder / "mock.log",
+        env=UPSTREAM_ENV,
+    )
+    mock.wait_healthy()
+    return mock

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway_target import UPSTREAM_ENV, start_gateway
+from gateway_target import UPSTREAM_ENV, start_gateway, start_mock
 from load import BENCH_DIR, run_wrk
 from procs import Server, cpu_seconds, free_port
 from run import CHAT, CHAT_STREAM, RESPONSES, RESPONSES_STREAM
@@ -48,16 +48,9 @@ def main() -> None:
         folder = Path(tmp)
         body = folder / "chat.json"
         body.write_bytes(SCENARIOS[args.scenario].data)
-        port = free_port()
-        mock = Server(
-            [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
-            port,
-            folder / "mock.log",
-            env=UPSTREAM_ENV,
-        )
+        mock = start_mock(folder)
         servers = [mock]
         try:
-            mock.wait_healthy()
             targets = []
             if args.bare:
                 bare_port = free_port()

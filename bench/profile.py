@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway_target import UPSTREAM_ENV, start_gateway
+from gateway_target import start_gateway, start_mock
 from load import BENCH_DIR, run_wrk
 from paired import SCENARIOS
-from procs import Server, free_port
 
 RATE = 200  # samples per second
 
@@ -43,16 +42,9 @@ def main() -> None:
         folder = Path(tmp)
         body = folder / "body.json"
         body.write_bytes(kind.data)
-        port = free_port()
-        mock = Server(
-            [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
-            port,
-            folder / "mock.log",
-            env=UPSTREAM_ENV,
-        )
+        mock = start_mock(folder)
         servers = [mock]
         try:
-            mock.wait_healthy()
             server, key = start_gateway(
                 args.gateway, folder / "gw", mock.url + "/v1", True, args.extra
             )

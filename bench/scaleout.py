@@ -37,7 +37,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from gateway_target import UPSTREAM_ENV, cli_field, start_gateway, write_config
+from gateway_target import UPSTREAM_ENV, cli_field, start_gateway, start_mock, write_config
 from load import BENCH_DIR, run_wrk, wrk_version
 from procs import (
     Server,
@@ -286,15 +286,8 @@ def main() -> None:
         folder = Path(tmp)
         body = folder / "chat.json"
         body.write_bytes(CHAT.data)
-        port = free_port()
-        mock = Server(
-            [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
-            port,
-            folder / "mock.log",
-            env=UPSTREAM_ENV,
-        )
+        mock = start_mock(folder)
         stack.callback(mock.stop)
-        mock.wait_healthy()
         upstream = mock.url + "/v1"
         sides = [
             sqlite(stack, args, folder, upstream),
