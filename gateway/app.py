@@ -16,6 +16,7 @@ from model_gateway.gateway.config import Config
 from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.leased_meter import LeasedMeter
 from model_gateway.gateway.logs import AccessLog
 from model_gateway.gateway.metering import StorageMeter
 from model_gateway.gateway.metrics import Metrics
@@ -62,7 +63,8 @@ class Gateway:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
         self.storage = await open_storage(self.config.storage_url)
         self.keyring = KeyRing(self.storage, pepper)
-        self.meter = StorageMeter(self.storage, self.metrics)
+        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
+        self.meter = meter_class(self.storage, self.metrics)
         await self.meter.start()
         self.signing_key = load_or_create_signing_key(
             self.config.path(self.config.secrets.signing_key_file)
