@@ -6,15 +6,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from model_gateway.storage import LimitReached, StorageError
-from tests.storage.test_metering_conformance import (
-    MONTH,
-    hold,
-    project,
-    receipt,
-    refused,
-    storage,  # noqa: F401 (the fixture)
-)
+from model_gateway.storage import LimitReached, StorageError, open_storage
+from tests.storage.test_metering_conformance import MONTH, hold, project, receipt, refused
+
+
+@pytest.fixture
+async def storage(storage_url):
+    backend = await open_storage(storage_url)
+    yield backend
+    await backend.close()
 
 
 def lease(pid, kid, amount, owner="test:1:1", lease_until=2**40):
