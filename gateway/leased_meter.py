@@ -344,6 +344,23 @@ class LeasedMeter(StorageMeter):
         await self.give_back(lambda lease: lease.used_at < idle_since)
         for lease in [lease for lease in self._retired if lease.held == 0]:
             await self._return_free(lease)
+        self._forget_quiet_slots()
+
+    def _forget_quiet_slots(self) -> None:
+        """Memory stays flat however many keys and months come and go."""
+        now = time.monotonic()
+        quiet = [
+            slot
+            for slot, demand in self._demand.items()
+            if slot not in self.slots and now - demand.started > 2 * DEMAND_WINDOW_S
+        ]
+        for slot in quiet:
+            del self._demand[slot]
+            lock = self._growing.get(slot)
+            if lock is not None and not lock.locked():
+                del self._growing[slot]
+        for project_id in [p for p, until in self._cooling.items() if until < now]:
+            del self._cooling[project_id]
 
     async def _answer_recalls(self) -> None:
         recalled = set(await self.storage.recalled_leases(self.owner))
