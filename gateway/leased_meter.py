@@ -61,11 +61,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from model_gateway.gateway.metering import LEASE_S, StorageMeter, current_month, receipt_record
+from model_gateway.gateway.metering import LEASE_S, StorageMeter, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
 from model_gateway.pipeline.ports import Reserved
@@ -113,12 +114,15 @@ class LeaseHold:
 
 
 class _Demand:
-    """The holds a slot asked for over the last window: how big its next lease is."""
+    """The holds a slot asked for over the last window, and its last grant: how big its
+    next lease is (a slot that spent its last lease within the window gets twice as much,
+    so a burst costs a few grants, not one per `SLICE_HOLDS` holds)."""
 
-    __slots__ = ("current", "previous", "started")
+    __slots__ = ("current", "granted", "granted_at", "previous", "started")
 
     def __init__(self) -> None:
         self.started, self.previous, self.current = time.monotonic(), 0, 0
+        self.granted, self.granted_at = 0, 0.0
 
     def add(self, amount: int) -> None:
         now = time.monotonic()
@@ -127,8 +131,13 @@ class _Demand:
             self.started, self.previous, self.current = now, self.current if fresh else 0, 0
         self.current += amount
 
-    def per_window(self) -> int:
-        return max(self.previous, self.current)
+    def wanted(self, amount: int) -> int:
+        recent = time.monotonic() - self.granted_at < DEMAND_WINDOW_S
+        doubled = 2 * self.granted if recent else 0
+        return max(amount * SLICE_HOLDS, self.previous, self.current, doubled)
+
+    def grant(self, size: int) -> None:
+        self.granted, self.granted_at = size, time.monotonic()
 
 
 class LeasedMeter(StorageMeter):
@@ -150,6 +159,16 @@ class LeasedMeter(StorageMeter):
         self._holds = itertools.count()
         self._epoch: Hashable = self.storage.admin_epoch()
         self._keeper: asyncio.Task[None] | None = None
+        self._month, self._month_ends = "", 0.0
+
+    def _current_month(self) -> str:
+        """`current_month()`, formatted once a month (the UTC month's end is known)."""
+        if time.time() >= self._month_ends:
+            now = datetime.now(UTC)
+            self._month = now.strftime("%Y-%m")
+            following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+            self._month_ends = following.timestamp()
+        return self._month
 
     async def start(self) -> None:
         await super().start()
@@ -177,7 +196,7 @@ class LeasedMeter(StorageMeter):
             self._epoch = epoch
             self._retire_all()
             return await self._direct(project_id, key_id, amount)
-        slot = (project_id, key_id, current_month())
+        slot = (project_id, key_id, self._current_month())
         demand = self._demand.get(slot)
         if demand is None:
             demand = self._demand[slot] = _Demand()
@@ -236,7 +255,7 @@ class LeasedMeter(StorageMeter):
                 return lease
             project_id, key_id, month = slot
             figures = await self.storage.limit_figures(project_id, key_id, month)
-            size = min(max(amount * SLICE_HOLDS, demand.per_window()), _room(figures) // SHARE)
+            size = min(demand.wanted(amount), _room(figures) // SHARE)
             if size < max(amount, 1):
                 return None
             now = int(time.time())
@@ -254,6 +273,11 @@ class LeasedMeter(StorageMeter):
                 await self.storage.grant_lease(record)
             except LimitReached:
                 return None
+            demand.grant(size)
+            # The slot's other leases could not cover this hold: they take no more, give
+            # back what is free and end when their requests close.
+            for short in list(self.slots.get(slot, ())):
+                self._retire(short)
             lease = Lease(record, slot)
             self.slots.setdefault(slot, []).append(lease)
             return lease
