@@ -213,10 +213,16 @@ class LeasedMeter(StorageMeter):
             await super().settle(reservation, settlement)
             return
         lease = reservation.lease
-        # The lease covers the cost; the request's own hold is checked here.
-        charged = settlement.cost <= reservation.amount and await self.storage.settle(
-            receipt_record(lease.record, settlement)
-        )
+        try:
+            # The lease covers the cost; the request's own hold is checked here.
+            charged = settlement.cost <= reservation.amount and await self.storage.settle(
+                receipt_record(lease.record, settlement)
+            )
+        except BaseException:
+            # Committed or not, we cannot tell: the lease takes no new hold, so what its
+            # other requests hold stays covered either way. The hold stays open.
+            self._retire(lease)
+            raise
         lease.held -= reservation.amount
         self.open_holds -= 1
         if charged:

@@ -3,13 +3,16 @@ hold directly, what goes back and when."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
 from model_gateway.gateway.metering import current_month
 from model_gateway.pipeline.errors import BudgetExceeded
-from model_gateway.storage import ProjectRecord, open_storage
+from model_gateway.storage import ProjectRecord, StorageError, open_storage
 from model_gateway.storage.base import KeyRecord, ReservationRecord, new_id
+from model_gateway.storage.sqlite import SQLiteStorage
 from tests.metering.test_leases_state_machine import settlement
 
 
@@ -89,3 +92,28 @@ async def test_quiet_slots_are_forgotten(storage):
         demand.started -= 10
     await meter.keep()
     assert not meter._demand and not meter._growing
+
+
+async def test_a_settlement_that_fails_retires_its_lease(tmp_path):
+    """Committed or not, the meter cannot tell: the lease takes no new hold, so that its
+    other requests stay covered whatever the database did; the failed hold stays open."""
+    path = tmp_path / "busy.db"
+    storage = await SQLiteStorage.open(f"sqlite:///{path}", busy_timeout_s=0.2)
+    try:
+        pid, kid = await funded(storage, 1_000_000)
+        meter = LeasedMeter(storage)
+        first, second = await meter.reserve(pid, kid, 100), await meter.reserve(pid, kid, 100)
+        assert isinstance(first, LeaseHold) and first.lease is second.lease
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StorageError):
+            await meter.settle(first, settlement(50))
+        locker.execute("ROLLBACK")
+        locker.close()
+        assert first.lease.retired and first.lease.held == 200
+        await meter.release(first)
+        await meter.settle(second, settlement(50))
+        third = await meter.reserve(pid, kid, 100)
+        assert isinstance(third, LeaseHold) and third.lease is not first.lease
+    finally:
+        await storage.close()
