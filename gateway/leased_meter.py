@@ -50,7 +50,9 @@ A killed process leaves its leases as it leaves its holds: counted, never charge
 same sweeper (`release_abandoned`: the owner's process is gone, or its lease expired)
 deletes them, at the restart of this process or from any other; the requests it had in
 flight were never charged (their settlement is one statement: committed or not). Every
-settlement is committed before the response's last byte, as today.
+settlement is committed before the response's last byte, as today. A settlement that
+raises (committed or not, the process cannot tell) retires its lease: what the lease's
+other requests hold stays covered whichever it was.
 """
 
 from __future__ import annotations
