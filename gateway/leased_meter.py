@@ -295,23 +295,21 @@ class LeasedMeter(StorageMeter):
         try:
             return await super().reserve(project_id, key_id, amount)
         except (InsufficientBalance, BudgetExceeded):
-            if not await self._make_room(project_id):
-                raise
+            # Once more in every case: a lease another process ended on its own while we
+            # were refused is not recalled, but its money is back all the same.
+            await self._make_room(project_id)
         return await super().reserve(project_id, key_id, amount)
 
-    async def _make_room(self, project_id: str) -> bool:
+    async def _make_room(self, project_id: str) -> None:
         """Give back this process's free leased money of the project and ask the others
-        for theirs, waiting at most `recall_wait_s`; False when no lease kept any."""
-        freed = await self.give_back(lambda lease: lease.record.project_id == project_id)
+        for theirs, waiting at most `recall_wait_s` for their answers."""
+        await self.give_back(lambda lease: lease.record.project_id == project_id)
         await self.storage.recall_leases(project_id, self.owner)
         pending = await self.storage.pending_recalls(project_id, self.owner)
-        if not freed and not pending:
-            return False
         deadline = time.monotonic() + self.recall_wait_s
         while pending and time.monotonic() < deadline:
             await asyncio.sleep(self.poll_s)
             pending = await self.storage.pending_recalls(project_id, self.owner)
-        return True
 
     # -- giving back ----------------------------------------------------------------------
 
