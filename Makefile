@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench dist system-deps clean
+.PHONY: run test lint bench soak dist system-deps clean
 
 # The sandbox node needs bubblewrap from Debian; the script is a no-op when it is there.
 system-deps:
@@ -47,6 +47,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py --quick --out bench/results/latest.md
 	cd bench && ../$(BIN)/python paired.py --name-a "metrics on" --name-b "metrics off" \
 		--extra-b '[metrics]\nenabled = false' --rounds 3 | tee -a results/latest.md
+	cd bench && ../$(BIN)/python scaleout.py --rounds 3 | tee -a results/latest.md
+
+# Issue 14's soak: 10 minutes of metered chat and chat stream, RSS and req/s per minute,
+# bytes per request at the end (`make soak MINUTES=2` for a short trial).
+MINUTES ?= 10
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache dist build

@@ -59,6 +59,8 @@ max_concurrent = 4
 spawn = false
 """
 
+SQLITE_STORAGE = '[storage]\nurl = "sqlite:///gw.db"\n\n'
+
 METERING_OFF = """
 [metering]
 enabled = false
@@ -76,10 +78,13 @@ def write_config(folder: Path, port: int, upstream: str, metering: bool, extra: 
         sandbox_port=free_port(),
     )
     config = folder / "config.toml"
-    # `extra` may hold keys of [server] (a table TOML lets one declare only once) and tables.
+    # `extra` may hold keys of [server] (a table TOML lets one declare only once) and tables;
+    # a [storage] table of its own replaces SQLite's (a PostgreSQL gateway).
     server_keys, _, tables = (
         ("", "", extra[1:]) if extra.startswith("[") else extra.partition("\n[")
     )
+    if tables.startswith("storage]") or "\n[storage]" in tables:
+        text = text.replace(SQLITE_STORAGE, "", 1)
     text = text.replace("[server]\n", "[server]\n" + server_keys + "\n", 1)
     config.write_text(
         (text if metering else text + METERING_OFF) + ("\n[" + tables if tables else "")

@@ -9,6 +9,13 @@ there: SQLite serves one process).
     .venv/bin/python bench/storage_backends.py                # both backends, defaults
     .venv/bin/python bench/storage_backends.py --seconds 10 --concurrency 1,16,64
 
+SQLite on a large database: `--prefill 1000000` first settles that many receipts (another
+project, through the same API) and checkpoints, then measures on a copy of that file for
+each `--sqlite-cache` variant (page cache KiB : mmap bytes), beside the empty database:
+
+    .venv/bin/python bench/storage_backends.py --backends sqlite --prefill 0,1000000 \
+        --sqlite-cache 2000:0,16384:0,16384:1073741824
+
 PostgreSQL: a database of its own is created on the server of --postgres (default
 postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end. On a small shared
 machine the numbers measure contention as much as speed: compare ratios within one run.
@@ -21,14 +28,18 @@ import asyncio
 import multiprocessing
 import os
 import secrets
+import shutil
+import sqlite3
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from model_gateway.storage import ProjectRecord, ReceiptRecord, ReservationRecord, open_storage
+from model_gateway.storage import sqlite as sqlite_backend
 from model_gateway.storage.base import KeyRecord
 
 MONTH = "2026-11"
@@ -77,6 +88,66 @@ async def setup(url: str, projects: int) -> list[tuple[str, str]]:
     return accounts
 
 
+def _pair(pid: str, kid: str) -> tuple[ReservationRecord, ReceiptRecord]:
+    """A hold and the receipt that settles it, with ids and digests as the gateway makes them."""
+    hold = ReservationRecord(
+        id="rsv_" + secrets.token_hex(12),
+        project_id=pid,
+        key_id=kid,
+        amount=1_000,
+        month=MONTH,
+        owner="bench:1:1",
+        lease_until=2**40,
+        created_at=0,
+    )
+    salt = secrets.token_hex(16)
+    receipt = ReceiptRecord(
+        id="rcpt_" + secrets.token_hex(12),
+        reservation_id=hold.id,
+        project_id=pid,
+        key_id=kid,
+        request_id="req_" + secrets.token_hex(12),
+        kind="inference",
+        endpoint="/v1/chat/completions",
+        model_or_runtime="echo-1",
+        status="succeeded",
+        usage={"input_tokens": 10, "output_tokens": 20},
+        cost=400,
+        month=MONTH,
+        created_at=time.time_ns() // 1000,
+        request_sha256=secrets.token_hex(32),
+        response_sha256=secrets.token_hex(32),
+        request_salt=salt,
+        response_salt=salt,
+        request_commitment=secrets.token_hex(32),
+        usage_source="provider",
+        provider="echo",
+    )
+    return hold, receipt
+
+
+async def prefill(url: str, receipts: int) -> None:
+    """`receipts` settled receipts of a project of their own, 2,000 pairs at a time."""
+    [(pid, kid)] = await setup(url, 1)
+    storage = await open_storage(url)
+    try:
+
+        async def pair() -> None:
+            hold, receipt = _pair(pid, kid)
+            await storage.reserve(hold)
+            assert await storage.settle(receipt)
+
+        for done in range(0, receipts, 2_000):
+            await asyncio.gather(*(pair() for _ in range(min(2_000, receipts - done))))
+            if done % 100_000 == 0:
+                print(f"prefill: {done:,} receipts", flush=True)
+    finally:
+        await storage.close()
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
 async def load(url: str, accounts, concurrency: int, seconds: float, worker_offset: int):
     storage = await open_storage(url)
     latencies: list[float] = []
@@ -86,36 +157,9 @@ async def load(url: str, accounts, concurrency: int, seconds: float, worker_offs
         pid, kid = accounts[(worker_offset + n) % len(accounts)]
         while time.monotonic() < stop:
             started = time.perf_counter()
-            hold = ReservationRecord(
-                id="rsv_" + secrets.token_hex(10),
-                project_id=pid,
-                key_id=kid,
-                amount=1_000,
-                month=MONTH,
-                owner="bench:1:1",
-                lease_until=2**40,
-                created_at=0,
-            )
+            hold, receipt = _pair(pid, kid)
             await storage.reserve(hold)
-            settled = await storage.settle(
-                ReceiptRecord(
-                    id="rcpt_" + secrets.token_hex(10),
-                    reservation_id=hold.id,
-                    project_id=pid,
-                    key_id=kid,
-                    request_id="req_bench",
-                    kind="inference",
-                    endpoint="/v1/chat/completions",
-                    model_or_runtime="echo-1",
-                    status="succeeded",
-                    usage={"input_tokens": 10, "output_tokens": 20},
-                    cost=400,
-                    month=MONTH,
-                    created_at=time.time_ns() // 1000,
-                    request_sha256="0" * 64,
-                    response_sha256="0" * 64,
-                )
-            )
+            settled = await storage.settle(receipt)
             assert settled
             latencies.append(time.perf_counter() - started)
 
@@ -192,9 +236,22 @@ def main() -> None:
         action="store_true",
         help="PostgreSQL: synchronous_commit = off on the bench database (what fsync costs)",
     )
+    parser.add_argument(
+        "--prefill", help="SQLite: receipts already in the database, e.g. 0,1000000"
+    )
+    parser.add_argument(
+        "--sqlite-cache",
+        default=f"{sqlite_backend.CACHE_SIZE_KIB}:{sqlite_backend.MMAP_SIZE_BYTES}",
+        help="with --prefill: page cache KiB:mmap bytes variants, comma-separated",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="with --prefill: alternating rounds")
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     project_counts = [int(p) for p in args.projects.split(",")]
+    if args.prefill:
+        with tempfile.TemporaryDirectory() as folder:
+            sqlite_growth(args, Path(folder), concurrencies)
+        return
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -230,6 +287,44 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(_format(row))
+
+
+def sqlite_growth(args: argparse.Namespace, folder: Path, concurrencies: list[int]) -> None:
+    """Reserve + settle on an empty and on prefilled SQLite databases, for each page cache
+    and mmap variant, rounds alternating so that drifts of the machine hit all alike."""
+    bases = {}
+    for receipts in (int(n) for n in args.prefill.split(",")):
+        bases[receipts] = folder / f"prefilled-{receipts}.db"
+        asyncio.run(prefill(f"sqlite:///{bases[receipts]}", receipts))
+        print(f"prefilled {receipts:,}: {bases[receipts].stat().st_size / 2**20:.0f} MiB")
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.sqlite_cache.split(",")]
+    results: dict[tuple[int, int, int, int], list[dict]] = {}
+    for _ in range(args.rounds):
+        for receipts, base in bases.items():
+            for cache_kib, mmap_bytes in variants:
+                sqlite_backend.CACHE_SIZE_KIB, sqlite_backend.MMAP_SIZE_BYTES = (
+                    cache_kib,
+                    mmap_bytes,
+                )
+                run = folder / "run.db"
+                shutil.copy(base, run)
+                url = f"sqlite:///{run}"
+                accounts = asyncio.run(setup(url, 1))
+                for concurrency in concurrencies:
+                    r = run_case(url, accounts, concurrency, args.seconds, 1)
+                    results.setdefault((receipts, cache_kib, mmap_bytes, concurrency), []).append(r)
+                    pairs = r["pairs_per_s"]
+                    print(f"{receipts:>9,} cache {cache_kib} KiB mmap {mmap_bytes}"
+                          f" c{concurrency}: {pairs:.0f} pairs/s", flush=True)  # fmt: skip
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{run}{suffix}").unlink(missing_ok=True)
+    print("\n| receipts before | cache KiB | mmap bytes | concurrency | pairs/s (median)"
+          " | p50 ms | client CPU µs/pair |\n|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    for (receipts, cache_kib, mmap_bytes, concurrency), runs in results.items():
+        r = sorted(runs, key=lambda x: x["pairs_per_s"])[len(runs) // 2]
+        cells = [f"{receipts:,}", cache_kib, mmap_bytes, concurrency, f"{r['pairs_per_s']:.0f}",
+                 f"{r['p50_ms']:.2f}", f"{r['client_cpu_us']:.0f}"]  # fmt: skip
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 _HEADER = (

@@ -78,10 +78,24 @@ class CoreHandlers:
             await self.gateway.storage.health()
         except StorageError:
             raise ServiceUnavailable("The gateway's storage is not answering.") from None
-        # Detail beside the status (decisions.md allows it): each provider's breaker.
+        if self.gateway.instance is not None:
+            self.gateway.instance.check_serving()  # fenced: the load balancer looks elsewhere
+        # Detail beside the status (decisions.md allows it): each provider's breaker, each
+        # sandbox node's health and slots (named by its place in the config, not its URL),
+        # and whether this instance is the log's sequencer (one instance of a deployment is).
         states = self.gateway.providers.breakers.states()
         providers = {name: {"breaker": state} for name, state in states.items()}
-        return json_response({"status": "ok", "providers": providers})
+        nodes = self.gateway.sandboxes.pool.states()
+        proofs = self.gateway.transparency_log
+        transparency_log = {"sequencer": proofs.sequencer, "size": proofs.size}
+        return json_response(
+            {
+                "status": "ok",
+                "providers": providers,
+                "sandbox_nodes": nodes,
+                "log": transparency_log,
+            }
+        )
 
     async def metrics(self, ctx: RequestContext):
         if not self.gateway.config.metrics.enabled:

@@ -15,10 +15,12 @@ from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
+from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
 from model_gateway.gateway.leased_meter import LeasedMeter
+from model_gateway.gateway.limiter import Limiter, open_limiter
 from model_gateway.gateway.logs import AccessLog
-from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.metering import StorageMeter, process_owner
 from model_gateway.gateway.metrics import Metrics
 from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
 from model_gateway.gateway.proofs.log import TransparencyLog
@@ -29,7 +31,6 @@ from model_gateway.gateway.secretfile import load_or_create_secret
 from model_gateway.gateway.summary import startup_summary
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
-from model_gateway.pipeline.gcra import Gcra
 from model_gateway.storage import Storage, open_storage
 
 log = logging.getLogger("gateway")
@@ -43,10 +44,11 @@ class Gateway:
         self.catalog = ConfigCatalog(config)
         self.metrics = Metrics()
         self.access_log = AccessLog(config.server.log_format) if config.server.access_log else None
-        self.limiter = Gcra()
+        self.limiter: Limiter | None = None
         self.storage: Storage | None = None
         self.keyring: KeyRing | None = None
         self.meter: StorageMeter | None = None
+        self.instance: Instance | None = None
         self.signing_key: SigningKey | None = None
         self.transparency_log: TransparencyLog | None = None
         self.agents: AgentEngine | None = None
@@ -62,9 +64,15 @@ class Gateway:
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
         self.storage = await open_storage(self.config.storage_url)
-        self.keyring = KeyRing(self.storage, pepper)
+        owner, lease_s = process_owner(), self.config.cluster.lease_s
+        self.instance = Instance(self.storage, owner, lease_s)
+        await self.instance.start()  # registered and leased before anything is served
+        self.keyring = KeyRing(self.storage, pepper, self.instance)
+        self.limiter = await open_limiter(self.config, self.storage)
         meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
-        self.meter = meter_class(self.storage, self.metrics)
+        self.meter = meter_class(
+            self.storage, self.metrics, owner=owner, lease_s=lease_s, instance=self.instance
+        )
         await self.meter.start()
         self.signing_key = load_or_create_signing_key(
             self.config.path(self.config.secrets.signing_key_file)
@@ -75,7 +83,7 @@ class Gateway:
         await self.transparency_log.start()  # integrates receipts in the background
         self._register_gauges()
         await self.providers.start()
-        await self.sandboxes.start()  # node session; with spawn = true, the local node
+        await self.sandboxes.start()  # node sessions, health checks; spawn = true: the node
         self.agents = AgentEngine.for_gateway(self, lease_s=self.config.agents.lease_s)
         await self.agents.start()  # fails the runs of a dead process; then sweeps
         for line in startup_summary(self.config):
@@ -88,17 +96,23 @@ class Gateway:
             "gateway_open_holds", "Holds of this process not yet closed.", lambda: meter.open_holds
         )
         self.metrics.breakers(self.providers.breakers)
+        self.metrics.sandbox_nodes(self.sandboxes.pool)
         self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: proofs.size)
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",
             "Seconds since the log last held every settled receipt.",
             lambda: proofs.integration_lag_s,
         )
+        self.metrics.gauge(
+            "gateway_log_sequencer",
+            "1 on the one instance that integrates and signs the log, 0 on the others.",
+            lambda: float(proofs.sequencer),
+        )
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`
         swaps key auth for another principal (the console playground)."""
-        assert self.keyring is not None and self.meter is not None
+        assert self.keyring is not None and self.meter is not None and self.limiter is not None
         config = self.config
         return build_pipeline(
             routes=self.routes,
@@ -123,8 +137,12 @@ class Gateway:
         await self.providers.close()
         if self.meter is not None:
             await self.meter.stop()
+        if self.limiter is not None:
+            await self.limiter.close()
         if self.transparency_log is not None:
             await self.transparency_log.stop()
+        if self.instance is not None:
+            await self.instance.stop()  # deregisters: nothing waits for it any more
         if self.storage is not None:
             await self.storage.close()
         if self.access_log is not None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import orjson
 
 from model_gateway.gateway import backup, doctor, keys
+from model_gateway.gateway.admin_confirm import UNCONFIRMED_EXIT, confirm_admin_change
 from model_gateway.gateway.config import ConfigError, load_config
 from model_gateway.gateway.logs import configure_logging
 from model_gateway.gateway.metering import current_month
@@ -165,7 +166,26 @@ async def projects_show(args, config, storage) -> dict:
 
 
 async def projects_archive(args, config, storage) -> dict:
-    return await project_view(storage, await storage.archive_project(args.id))
+    archived = await storage.archive_project(args.id)
+    return await confirmed_change(config, storage, await project_view(storage, archived))
+
+
+async def confirmed_change(config, storage, view: dict) -> dict:
+    """The view of a changed key or project (revoked, archived, updated), once every live
+    instance dropped the change from its caches (or its lease ended): `instances` says
+    which did."""
+    confirmation = await confirm_admin_change(storage, config.cluster.lease_s)
+    for name in confirmation.dead:
+        print(f"gateway: instance {name} did not confirm; its lease ended", file=sys.stderr)
+    for name in confirmation.unconfirmed:
+        print(f"gateway: instance {name} has not confirmed yet", file=sys.stderr)
+    return {**view, "instances": confirmation.view()}
+
+
+def exit_code(record: dict) -> int:
+    """0, or UNCONFIRMED_EXIT when an instance still holding its lease did not confirm."""
+    instances = record.get("instances")
+    return UNCONFIRMED_EXIT if isinstance(instances, dict) and instances["unconfirmed"] else 0
 
 
 class NotPermitted(CliError):
@@ -236,7 +256,8 @@ async def keys_revoke(args, config, storage) -> dict:
         if stored is None or not keys.matches(pepper, prefix, stored.key_hash):
             raise RecordNotFound("no such key")
         prefix = stored.prefix
-    return await key_view(storage, await storage.revoke_key(prefix))
+    revoked = await storage.revoke_key(prefix)
+    return await confirmed_change(config, storage, await key_view(storage, revoked))
 
 
 async def keys_show(args, config, storage) -> dict:
@@ -387,6 +408,9 @@ def _print(record: dict, as_json: bool) -> None:
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
         return
     for name, value in record.items():
+        if isinstance(value, dict):
+            _print({f"{name}.{inner}": v for inner, v in value.items()}, as_json)
+            continue
         shown = ",".join(value) if isinstance(value, list) else ("-" if value is None else value)
         print(f"{name}: {shown}")
 
@@ -441,4 +465,4 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:
         return _fail(f"storage failure: {exc}", as_json, "internal_error")
     _print(record, as_json)
-    return 0
+    return exit_code(record)

@@ -103,13 +103,13 @@ async def projects_update(args, config, storage) -> dict:
     if changes.get("exclude_models", []) is None:
         changes["exclude_models"] = []
     project = await storage.update_project(args.id, changes)
-    return await cli.project_view(storage, project)
+    return await cli.confirmed_change(config, storage, await cli.project_view(storage, project))
 
 
 async def keys_update(args, config, storage) -> dict:
     changes = _changes(args, ("name", "models", "monthly_limit", "expires_at", "rpm"))
     key = await storage.update_key(args.prefix, changes)
-    return await cli.key_view(storage, key)
+    return await cli.confirmed_change(config, storage, await cli.key_view(storage, key))
 
 
 def _update_parsers(groups, common) -> None:

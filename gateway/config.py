@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -78,6 +79,17 @@ class LimitsConfig(_Section):
     gateway_timeout_s: float = 120.0
     default_project_rpm: int = 600
     default_key_rpm: int = 600
+
+
+class RateLimitConfig(_Section):
+    # Where the requests-per-minute buckets live, shared by every instance (gateway.limiter).
+    # Unset: in PostgreSQL when it is the storage, in this process's memory with SQLite.
+    url: str | None = None  # redis://[user:password@]host:6379[/db] or rediss://
+    prefix: str = "gateway:rl:"  # of the Redis keys, so deployments can share a server
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("redis://", "rediss://")):
+            raise ValueError("url must be a redis:// or rediss:// URL")
 
 
 class MetricsConfig(_Section):
@@ -181,10 +193,25 @@ class ProofsConfig(_Section):
     origin: Annotated[str, msgspec.Meta(pattern=r"\A[^\s+]+\Z")] | None = None
 
 
-class SandboxNodeConfig(_Section):
-    url: str = "http://127.0.0.1:8091"
+class SandboxNodeEntry(_Section):
+    """One sandbox node the gateway sends executions to: a `[[sandbox_nodes]]` entry."""
+
+    url: str
     secret_file: str = "data/sandbox-secret"  # noqa: S105 (a path, not a secret)
-    max_concurrent: int = 4
+    max_concurrent: int = 4  # the node's own; the gateway never sends it more at once
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be an http(s) URL with a host, not {self.url!r}")
+        if self.max_concurrent < 1:
+            raise ValueError("max_concurrent must be at least 1")
+
+
+class SandboxNodeConfig(SandboxNodeEntry):
+    """`[sandbox_node]`: one node, which `gateway serve` may also run (`spawn = true`)."""
+
+    url: str = "http://127.0.0.1:8091"
     spawn: bool = False
 
 
@@ -213,11 +240,23 @@ class AgentsConfig(_Section):
             raise ValueError("lease_s must be positive")
 
 
+class ClusterConfig(_Section):
+    # The lease of this process as an instance, and of its holds: renewed every third of
+    # it; an instance that could not renew for this long serves nothing (503) and the
+    # others release its holds and fail its runs.
+    lease_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.lease_s > 0:
+            raise ValueError("lease_s must be positive")
+
+
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     secrets: SecretsConfig = msgspec.field(default_factory=SecretsConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    ratelimit: RateLimitConfig = msgspec.field(default_factory=RateLimitConfig)
     metering: MeteringConfig = msgspec.field(default_factory=MeteringConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
@@ -226,8 +265,10 @@ class Config(_Section):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelConfig] = {}
     sandbox_node: SandboxNodeConfig | None = None
+    sandbox_nodes: list[SandboxNodeEntry] = []  # beside or instead of [sandbox_node]
     sandbox_pricing: SandboxPricingConfig = msgspec.field(default_factory=SandboxPricingConfig)
     agents: AgentsConfig = msgspec.field(default_factory=AgentsConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
     # Folder of the config file: relative paths in it resolve against this.
     base_dir: str = "."
@@ -245,6 +286,19 @@ class Config(_Section):
                         f"models.{name}.fallbacks.{i}.provider names an unknown provider "
                         f"{fallback.provider!r}"
                     )
+        seen: dict[str, str] = {}
+        for name, node in self.sandbox_node_entries():
+            url = node.url.rstrip("/")
+            if url in seen:
+                # Its slots would count twice: the gateway would send the node too much.
+                raise ValueError(f"{name}.url repeats {seen[url]}.url ({node.url})")
+            seen[url] = name
+
+    def sandbox_node_entries(self) -> list[tuple[str, SandboxNodeEntry]]:
+        """Every sandbox node, named by its place in the config: `sandbox_node` first,
+        then `sandbox_nodes[0]`, `sandbox_nodes[1]`, ..."""
+        single = [("sandbox_node", self.sandbox_node)] if self.sandbox_node is not None else []
+        return single + [(f"sandbox_nodes[{i}]", n) for i, n in enumerate(self.sandbox_nodes)]
 
     def path(self, relative: str) -> Path:
         """A path from the config, resolved against the config file's folder."""

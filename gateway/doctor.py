@@ -1,6 +1,6 @@
 """`gateway doctor`: checks a deployment without changing it, and says what is wrong in
 plain words: the config, the storage, the secrets' modes, provider credentials, the
-sandbox node (reachable, isolated). Exit 0 when every check passes, 1 otherwise."""
+sandbox nodes (reachable, isolated). Exit 0 when every check passes, 1 otherwise."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from pathlib import Path
 
 import orjson
 
-from model_gateway.gateway.config import Config, ConfigError, load_config
+from model_gateway.gateway.config import (
+    Config,
+    ConfigError,
+    SandboxNodeConfig,
+    SandboxNodeEntry,
+    load_config,
+)
 from model_gateway.storage import StorageError, open_storage
 
 NODE_TIMEOUT_S = 3
@@ -56,7 +62,11 @@ def diagnose(config_path: str | None) -> Iterator[Check]:
     yield _storage(config)
     yield from _secrets(config)
     yield from _providers(config)
-    yield from _sandbox_node(config)
+    nodes = config.sandbox_node_entries()
+    if not nodes:
+        yield Check("sandbox node", True, "not configured: sandbox executions answer 502")
+    for name, node in nodes:
+        yield _sandbox_node(name, node)
 
 
 def _storage(config: Config) -> Check:
@@ -96,8 +106,8 @@ def _secrets(config: Config) -> Iterator[Check]:
     yield _private(pepper.parent, "data folder", 0o700)
     yield _private(pepper, "key pepper", 0o600)
     yield _private(config.path(config.secrets.signing_key_file), "signing key", 0o600)
-    if config.sandbox_node is not None:
-        yield _private(config.path(config.sandbox_node.secret_file), "sandbox secret", 0o600)
+    for secret_file in dict.fromkeys(n.secret_file for _, n in config.sandbox_node_entries()):
+        yield _private(config.path(secret_file), "sandbox secret", 0o600)
 
 
 def _providers(config: Config) -> Iterator[Check]:
@@ -111,29 +121,22 @@ def _providers(config: Config) -> Iterator[Check]:
             yield Check(f"provider {name}", True, f"ready for {models}")
 
 
-def _sandbox_node(config: Config) -> Iterator[Check]:
-    node = config.sandbox_node
-    if node is None:
-        yield Check("sandbox node", True, "not configured: sandbox executions answer 502")
-        return
+def _sandbox_node(name: str, node: SandboxNodeEntry) -> Check:
+    # `[sandbox_node]` keeps its check's name; `[[sandbox_nodes]]` entries add theirs.
+    label = "sandbox node" if name == "sandbox_node" else f"sandbox node {name}"
     try:
         with urllib.request.urlopen(node.url + "/healthz", timeout=NODE_TIMEOUT_S) as answer:  # noqa: S310 (the operator's own URL)
             health = orjson.loads(answer.read())
     except (urllib.error.URLError, OSError, orjson.JSONDecodeError) as exc:
-        hint = " (it starts with `gateway serve` when spawn = true)" if node.spawn else ""
-        yield Check("sandbox node", False, f"{node.url} is not reachable: {exc}{hint}")
-        return
+        spawned = isinstance(node, SandboxNodeConfig) and node.spawn
+        hint = " (it starts with `gateway serve` when spawn = true)" if spawned else ""
+        return Check(label, False, f"{node.url} is not reachable: {exc}{hint}")
     isolation = health.get("isolation", {})
     if not isolation.get("will_execute"):
-        yield Check(
-            "sandbox node", False, f"reachable but refuses to run code: {isolation.get('refusal')}"
+        return Check(label, False, f"reachable but refuses to run code: {isolation.get('refusal')}")
+    if isolation.get("degraded"):
+        return Check(
+            label, False, "reachable but DEGRADED: " + "; ".join(isolation.get("notes", []))
         )
-    elif isolation.get("degraded"):
-        yield Check(
-            "sandbox node",
-            False,
-            "reachable but DEGRADED: " + "; ".join(isolation.get("notes", [])),
-        )
-    else:
-        runtimes = ", ".join(isolation.get("runtimes", []))
-        yield Check("sandbox node", True, f"reachable and isolated; runtimes {runtimes}")
+    runtimes = ", ".join(isolation.get("runtimes", []))
+    return Check(label, True, f"reachable and isolated; runtimes {runtimes}")

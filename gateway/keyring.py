@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from model_gateway.gateway import keys
+from model_gateway.gateway.instance import Instance
 from model_gateway.pipeline.errors import Forbidden, InvalidApiKey
 from model_gateway.storage.base import KeyRecord, ProjectRecord, Storage
 
@@ -15,16 +16,21 @@ class KeyRing:
     """Key lookups by prefix, cached until any process changes a key or project.
 
     The cache is dropped whenever the storage's admin epoch moves, so a revocation or an
-    archive (by this process or by the CLI) counts from the very next request.
+    archive (by this process or by the CLI) counts from the very next request. An instance
+    that lost its lease (`instance`, gateway/instance.py) cannot vouch that its cache is
+    current: it answers 503 instead, before looking at the key.
     """
 
-    def __init__(self, storage: Storage, pepper: bytes) -> None:
+    def __init__(self, storage: Storage, pepper: bytes, instance: Instance | None = None) -> None:
         self._storage = storage
         self._pepper = pepper
+        self._instance = instance
         self._cache: dict[str, tuple[KeyRecord, ProjectRecord]] = {}
         self._epoch = storage.admin_epoch()
 
     async def authenticate(self, presented: str) -> tuple[KeyRecord, ProjectRecord]:
+        if self._instance is not None:
+            self._instance.check_serving()
         if not keys.is_well_formed(presented):
             raise InvalidApiKey()
         found = await self._lookup(keys.public_prefix(presented))

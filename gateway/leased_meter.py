@@ -28,6 +28,8 @@ Rules
   hold from it, and serves that project by direct holds for `COOL_DOWN_S`. So a request
   is refused only when the holds of requests in flight, wherever they are, leave too
   little: today's rule (a dead process's leases wait for the sweeper, as its holds do).
+- A fenced instance (gateway/instance.py: it lost its registry lease) takes no hold,
+  from a lease or direct: the others may be sweeping its leases.
 - Requests without a key (hosted agents' steps, whose holds the run tracks by id) always
   take direct holds.
 - Leases go back when unused for `IDLE_S`, on shutdown, and after any admin change (a
@@ -47,9 +49,10 @@ Invariants (checked by tests/metering/test_leases_state_machine.py)
 Crash
 -----
 A killed process leaves its leases as it leaves its holds: counted, never charged. The
-same sweeper (`release_abandoned`: the owner's process is gone, or its lease expired)
-deletes them, at the restart of this process or from any other; the requests it had in
-flight were never charged (their settlement is one statement: committed or not). Every
+same sweeper (`release_abandoned`: the owner's process is gone, its instance's registry
+lease ended, or its own lease, `[cluster] lease_s`, expired) deletes them, at the
+restart of this process or from any other; the requests it had in flight were never
+charged (their settlement is one statement: committed or not). Every
 settlement is committed before the response's last byte, as today. A settlement that
 raises (committed or not, the process cannot tell) retires its lease: what the lease's
 other requests hold stays covered whichever it was.
@@ -68,7 +71,7 @@ from typing import Any
 
 import anyio
 
-from model_gateway.gateway.metering import LEASE_S, StorageMeter, receipt_record
+from model_gateway.gateway.metering import StorageMeter, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
 from model_gateway.pipeline.ports import Reserved
@@ -191,6 +194,8 @@ class LeasedMeter(StorageMeter):
     # -- the Meter port -----------------------------------------------------------------
 
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+        if self.instance is not None:  # a fenced instance serves nothing, leases included
+            self.instance.check_serving()
         if key_id is None or self._cooling.get(project_id, 0.0) > time.monotonic():
             return await self._direct(project_id, key_id, amount)
         epoch = self.storage.admin_epoch()
@@ -268,13 +273,14 @@ class LeasedMeter(StorageMeter):
                 return None
             now = int(time.time())
             record = ReservationRecord(
-                id="lse_" + secrets.token_hex(12),
+                # The form of a hold's id, stored in 12 bytes by a receipt (migration 0011).
+                id="rsv_" + secrets.token_hex(12),
                 project_id=project_id,
                 key_id=key_id,
                 amount=size,
                 month=month,
                 owner=self.owner,
-                lease_until=now + LEASE_S,
+                lease_until=self._lease_until(),
                 created_at=now,
             )
             try:

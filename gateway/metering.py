@@ -1,10 +1,12 @@
 """The pipeline's `Meter` over storage: reservations, settlements, and the leases that keep
 no hold forever.
 
-Every reservation is owned by the serving process (`host:pid:start-time`) and leased. The
-process renews its leases while it runs; at start-up and then periodically it releases
-reservations whose lease expired or whose owner process on this host is gone (kill -9),
-so nothing stays reserved and nothing is charged twice (a receipt consumes its hold once).
+Every reservation is owned by the serving process (`host:pid:start-time`) and leased for
+`[cluster] lease_s`. The process renews its leases every third of that; at start-up and
+at each renewal it releases reservations whose lease expired, whose owner process on this
+host is gone (kill -9), or whose owner instance's lease in the registry ended (another
+host's dead instance: gateway/instance.py), so nothing stays reserved and nothing is
+charged twice (a receipt consumes its hold once). A fenced instance takes no new hold.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import anyio
 
+from model_gateway.gateway.config import ClusterConfig
+from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.metrics import Metrics
 from model_gateway.gateway.proofs.commitments import (
     new_salt,
@@ -33,8 +39,6 @@ from model_gateway.storage import LimitReached, ReceiptRecord, ReservationRecord
 
 log = logging.getLogger("gateway.metering")
 
-LEASE_S = 600  # longer than any request may run (gateway timeout 120 s, sandbox limits)
-SWEEP_EVERY_S = 30
 CHECKPOINT_EVERY_S = 1  # the request path's writer never checkpoints (it would fsync)
 
 
@@ -64,11 +68,33 @@ def owner_alive(owner: str) -> bool | None:
     return _start_ticks(int(pid)) == ticks
 
 
+async def owner_check(storage: Storage) -> Callable[[str], bool | None]:
+    """`owner_alive`, plus the registry: an owner whose instance lease ended is dead, on
+    any host. An owner the registry does not know (gone, or older than it) is judged by
+    its process on this host, else by its own lease."""
+    ended = {i.id for i in await storage.list_instances() if not i.live}
+
+    def alive(owner: str) -> bool | None:
+        return False if owner in ended else owner_alive(owner)
+
+    return alive
+
+
 class StorageMeter:
-    def __init__(self, storage: Storage, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        metrics: Metrics | None = None,
+        *,
+        owner: str | None = None,
+        lease_s: float = ClusterConfig().lease_s,
+        instance: Instance | None = None,
+    ) -> None:
         self.storage = storage
         self.metrics = metrics
-        self.owner = process_owner()
+        self.owner = owner or process_owner()
+        self.lease_s = lease_s
+        self.instance = instance  # None: never fenced (embedded without a registry)
         self.open_holds = 0  # this process's holds not yet settled or released
         self._sweeper: asyncio.Task[None] | None = None
         # Holds whose release failed (storage locked, gone): retried by the sweeper, so a
@@ -76,10 +102,13 @@ class StorageMeter:
         self._unreleased: set[str] = set()
 
     async def start(self) -> None:
-        released = await self.storage.release_abandoned(owner_alive)
+        await self._release_abandoned()
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    async def _release_abandoned(self) -> None:
+        released = await self.storage.release_abandoned(await owner_check(self.storage))
         if released:
             log.warning("released %d reservation(s) abandoned by a dead process", released)
-        self._sweeper = asyncio.create_task(self._sweep_forever())
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -88,20 +117,28 @@ class StorageMeter:
                 await asyncio.gather(self._sweeper, return_exceptions=True)
 
     async def _sweep_forever(self) -> None:
-        last_sweep = time.monotonic()
+        renew_every = self.lease_s / 3
+        last_renewal = last_checkpoint = time.monotonic()
         while True:
-            await asyncio.sleep(CHECKPOINT_EVERY_S)
+            await asyncio.sleep(min(CHECKPOINT_EVERY_S, renew_every))
             try:
-                await self.storage.checkpoint()
+                if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S:
+                    last_checkpoint = time.monotonic()
+                    await self.storage.checkpoint()
                 await self._retry_releases()
-                if time.monotonic() - last_sweep >= SWEEP_EVERY_S:
-                    last_sweep = time.monotonic()
-                    await self.storage.renew_leases(self.owner, int(time.time()) + LEASE_S)
-                    await self.storage.release_abandoned(owner_alive)
+                if time.monotonic() - last_renewal >= renew_every:
+                    last_renewal = time.monotonic()
+                    await self.storage.renew_leases(self.owner, self._lease_until())
+                    await self._release_abandoned()
             except Exception:
                 log.exception("storage housekeeping failed; retrying")
 
+    def _lease_until(self) -> int:
+        return math.ceil(time.time() + self.lease_s)
+
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> ReservationRecord:
+        if self.instance is not None:
+            self.instance.check_serving()
         now = int(time.time())
         reservation = ReservationRecord(
             id="rsv_" + secrets.token_hex(12),
@@ -110,7 +147,7 @@ class StorageMeter:
             amount=amount,
             month=current_month(),
             owner=self.owner,
-            lease_until=now + LEASE_S,
+            lease_until=self._lease_until(),
             created_at=now,
         )
         try:

@@ -47,6 +47,35 @@ class _BreakerGauge(Collector):
         yield family
 
 
+class _SandboxNodeGauges(Collector):
+    """Per sandbox node (its config name): up (1/0), slots, slots in use (read at scrape)."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "up": GaugeMetricFamily(
+                "gateway_sandbox_node_up",
+                "Sandbox node healthy (1) or skipped (0).",
+                labels=["node"],
+            ),
+            "slots": GaugeMetricFamily(
+                "gateway_sandbox_node_slots",
+                "Sandbox node slots (max_concurrent).",
+                labels=["node"],
+            ),
+            "in_use": GaugeMetricFamily(
+                "gateway_sandbox_node_slots_in_use", "Sandbox node slots running.", labels=["node"]
+            ),
+        }
+        for node in self.pool.nodes:
+            families["up"].add_metric([node.name], int(node.healthy))
+            families["slots"].add_metric([node.name], node.max_concurrent)
+            families["in_use"].add_metric([node.name], node.in_use)
+        yield from families.values()
+
+
 class Metrics:
     """The gateway's metric families, and the `RequestObserver` that feeds the per-request ones."""
 
@@ -109,6 +138,10 @@ class Metrics:
     def breakers(self, breakers) -> None:
         """Publish the providers' breakers (gateway.routing.breaker.Breakers)."""
         self.registry.register(_BreakerGauge(breakers))
+
+    def sandbox_nodes(self, pool) -> None:
+        """Publish the sandbox nodes' health and slots (gateway.sandbox.pool.NodePool)."""
+        self.registry.register(_SandboxNodeGauges(pool))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

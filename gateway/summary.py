@@ -3,7 +3,7 @@ is ready or, in plain words, why not."""
 
 from __future__ import annotations
 
-from model_gateway.gateway.config import Config
+from model_gateway.gateway.config import Config, SandboxNodeConfig
 
 
 def redacted_storage_url(url: str) -> str:
@@ -27,6 +27,16 @@ def startup_summary(config: Config) -> list[str]:
         elif not model.priced:
             why = "no price configured (input_price_per_mtok, output_price_per_mtok)"
         lines.append(f"model {model_id} via {model.provider}: {_state(why)}")
+    nodes = config.sandbox_node_entries()
+    for name, node in nodes:
+        spawned = isinstance(node, SandboxNodeConfig) and node.spawn
+        run_by = " (run by this gateway: spawn = true)" if spawned else ""
+        lines.append(f"{name} {node.url}: {node.max_concurrent} slots{run_by}")
+    if not nodes:
+        lines.append("sandboxes: not configured (executions answer 502)")
+    elif len(nodes) > 1:
+        capacity = sum(node.max_concurrent for _, node in nodes)
+        lines.append(f"sandbox capacity: {capacity} slots on {len(nodes)} nodes")
     return lines
 
 

@@ -23,7 +23,7 @@ class _ClientGone(Exception):
 
 def _declared_length(headers: Headers) -> int | None:
     value = headers.get("content-length")
-    if value is None or not value.isdigit():
+    if value is None or not (value.isascii() and value.isdigit()):  # not '²'
         return None
     # int() refuses over 4300 digits; any length of 19 digits or more is over the limit.
     return int(value) if len(value) < 19 else 10**18

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 _PRUNE_EVERY = 10_000
+_SLACK = 1e-6
 
 
 class Gcra:
@@ -32,8 +33,8 @@ class Gcra:
             tat = max(self._tat.get(name, now), now)
             # Allowed while the bucket's debt stays within one minute's worth of requests.
             wait = max(wait, tat + interval - now - 60.0)
-        if wait > 1e-6:  # float slack: rpm * (60 / rpm) may exceed 60 by an ulp
-            return max(1, math.ceil(wait))
+        if wait > _SLACK:  # float slack: rpm * (60 / rpm) may exceed 60 by an ulp
+            return max(1, math.ceil(wait - _SLACK))  # and a whole second by as much
         for name, rpm in buckets:
             self._tat[name] = max(self._tat.get(name, now), now) + 60.0 / rpm
         self._prune(now)

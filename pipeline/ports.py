@@ -42,7 +42,8 @@ class ProjectInfo(Protocol):
 class KeyLookup(Protocol):
     async def authenticate(self, presented: str) -> tuple[KeyInfo, ProjectInfo]:
         """The key and its project; raise InvalidApiKey (unknown, revoked, expired, wrong
-        secret: one message for all) or Forbidden (archived project)."""
+        secret: one message for all) or Forbidden (archived project), or ServiceUnavailable
+        when it cannot vouch that its answer is current (an instance that lost its lease)."""
         ...
 
 
@@ -59,7 +60,8 @@ class ModelCatalog(Protocol):
 class RateLimiter(Protocol):
     async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
         """Take one request from every (name, rpm) bucket, or from none; 0, or the whole
-        seconds to wait."""
+        seconds to wait. A limiter that cannot decide raises a GatewayError (the shared
+        store does not answer: ServiceUnavailable), which is the request's answer."""
         ...
 
 

@@ -3,6 +3,8 @@
 Reads: `ctx.key.rpm`, `ctx.project.rpm` (defaults from [limits]). Rejects: 429
 rate_limit_exceeded with `retry-after` (whole seconds, at least 1), mirrored in
 `error.retry_after_seconds`. A request refused by one bucket takes nothing from the other.
+A limiter whose shared store does not answer raises its error (503 service_unavailable):
+it is answered as such, never as a 500 and never by letting the request through.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_gateway.pipeline.context import context_of
-from model_gateway.pipeline.errors import RateLimitExceeded, send_error
+from model_gateway.pipeline.errors import GatewayError, RateLimitExceeded, send_error
 from model_gateway.pipeline.ports import RateLimiter
 
 
@@ -30,7 +32,11 @@ class RateLimit:
         buckets = [(project.id, project.rpm or self.default_project_rpm)]
         if ctx.key is not None:
             buckets.append((ctx.key.id, ctx.key.rpm or self.default_key_rpm))
-        wait = await self.limiter.acquire(buckets)
+        try:
+            wait = await self.limiter.acquire(buckets)
+        except GatewayError as error:
+            await send_error(send, error, ctx.request_id)
+            return
         if wait:
             await send_error(send, RateLimitExceeded(retry_after=wait), ctx.request_id)
             return

@@ -17,7 +17,9 @@ from model_gateway.pipeline.errors import InvalidRequest
 
 MAX_DEPTH = 64  # decisions.md: a body nested deeper is invalid_request
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*+"', re.DOTALL)
+# A string literal, as "unrolled loop" (runs of plain bytes at once: ~3x faster on long
+# strings than one alternation per byte).
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*+"|[\[\]{}:,]', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 # The depth step of each bracket, for accumulate().
@@ -26,9 +28,11 @@ _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 def too_deep(body: bytes) -> bool:
     """Whether the body nests objects and arrays deeper than MAX_DEPTH (strings ignored)."""
+    if len(body.translate(None, _NOT_BRACKETS)) <= MAX_DEPTH:
+        return False  # the usual case: too few brackets, strings' included, to be that deep
     brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
     if len(brackets) <= MAX_DEPTH:
-        return False  # the usual case: too few brackets to be that deep
+        return False
     return max(accumulate(map(_STEP.__getitem__, brackets))) > MAX_DEPTH
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the sandbox node and the console's browser tests need,
-# only when one is missing.
+# Installs the Debian packages the sandbox node, the console's browser tests and the
+# deployment recipe's test need, only when one is missing.
 # Idempotent; never fails the build: without root or apt-get it prints a warning,
 # and the node's health endpoint reports the missing isolation layer instead.
 set -u
@@ -11,6 +11,7 @@ declare -A NEEDED=(
     [unshare]=util-linux    # fallback when bwrap cannot be used
     [setpriv]=util-linux
     [chromium]=chromium     # console browser tests (Playwright drives it; nothing downloaded)
+    [haproxy]=haproxy       # scripts/deploy/haproxy.cfg, run by tests/scaleout/test_deployment_recipe.py
 )
 # libseccomp2 is a library, not a command: checked through dpkg.
 LIBS=(libseccomp2)
@@ -27,7 +28,7 @@ done
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2, chromium)"
+    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2, chromium, haproxy)"
     exit 0
 fi
 

@@ -248,6 +248,59 @@ class Storage(abc.ABC):
     def admin_epoch(self) -> Hashable:
         """A cheap token that changes after any key or project change, by any process."""
 
+    # -- Instances and admin changes (migrations 0009 postgres, 0010 sqlite) ---------------
+    # Every key or project change takes the next admin change number. Each serving process
+    # registers as an instance with a lease (the database's clock, milliseconds) and
+    # acknowledges the newest change its caches reflect; an admin command waits until every
+    # live instance acknowledged its change (gateway/admin_confirm.py).
+
+    #: False when every process sees a change at its next request without being told (a
+    #: file stat): an admin command then has nothing to wait for.
+    instances_acknowledge_changes: ClassVar[bool] = True
+
+    _admin_applied: int = 0
+
+    def admin_applied(self) -> int:
+        """The newest admin change number this handle's epoch reflects (in memory)."""
+        return self._admin_applied
+
+    def catch_up_admin(self, change: int) -> None:
+        """`change` was read from the database: if this handle had not heard of it, move
+        its epoch (caches keyed on it drop) and count it applied. No I/O."""
+        self._admin_applied = max(self._admin_applied, change)
+
+    def watch_admin(self, callback: Callable[[int], None]) -> None:  # noqa: B027
+        """Call `callback(change)` when this handle hears of an admin change (a backend
+        that is not told of changes never calls it)."""
+
+    @abc.abstractmethod
+    async def admin_change(self) -> int:
+        """The newest admin change number (0 before any change)."""
+
+    @abc.abstractmethod
+    async def renew_instance(self, instance_id: str, lease_ms: int, acked: int) -> int:
+        """Register the instance or extend its lease to `lease_ms` from now (the database's
+        clock), raising its acknowledged change to at least `acked`; return the newest
+        admin change number, read after the renewal (what the instance must apply before
+        it serves on)."""
+
+    @abc.abstractmethod
+    async def acknowledge_admin(self, instance_id: str, change: int) -> None:
+        """Raise the instance's acknowledged change to at least `change` (its lease
+        unchanged; a no-op for an unknown instance)."""
+
+    @abc.abstractmethod
+    async def deregister_instance(self, instance_id: str) -> None:
+        """Remove the instance (a clean shutdown); a no-op when it is not registered."""
+
+    @abc.abstractmethod
+    async def list_instances(self) -> list[InstanceRecord]:
+        """Every registered instance, by id, with `live` judged on the database's clock."""
+
+    @abc.abstractmethod
+    async def forget_instances(self, expired_for_ms: int) -> int:
+        """Remove instances whose lease ended more than `expired_for_ms` ago; how many."""
+
     @abc.abstractmethod
     async def create_project(self, project: ProjectRecord) -> ProjectRecord:
         """Insert a new project."""
@@ -349,9 +402,19 @@ class Storage(abc.ABC):
         already logged is a conflict), write each tile (new, or replacing the stored tile
         at its level and index by one at least as long that starts with it: a tile never
         shrinks or changes a hash it holds; rewriting the same bytes is allowed) and insert
-        the signed head if any (a size already signed is a conflict). StateConflict, with
-        nothing written, when another writer got there first. (head None: tiles only, for
+        the signed head if any (a size already signed is a conflict). Compare-and-set: the
+        entries are the leaves [head.size - len(entries), head.size), so the append must
+        continue the latest stored head, whose size is head.size - len(entries) (0: none).
+        StateConflict, with nothing written, when another writer got there first or the
+        append does not start where the stored log ends. (head None: tiles only, for
         leaves logged before tiles.)"""
+
+    @abc.abstractmethod
+    async def claim_log_sequencer(self) -> bool:
+        """Take, or keep, the lock that makes this handle the log's one sequencer (the one
+        process that appends and signs); True while it holds it. The log calls it before
+        every integration and at least every second while it follows: a backend may take
+        the lock away from a holder that stops calling."""
 
     @abc.abstractmethod
     async def log_tiles(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
@@ -611,6 +674,14 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def lease_audit(self, project_id: str) -> tuple[int, int]:
         """The project's `leased` counter and the sum of its open leases."""
+
+
+class InstanceRecord(msgspec.Struct, kw_only=True):
+    id: str  # host:pid:start-time, the owner of its holds and runs
+    started_at: int  # milliseconds, the database's clock
+    lease_until: int  # milliseconds, the database's clock
+    acked: int  # the newest admin change its caches reflect
+    live: bool  # its lease has not ended
 
 
 class UserRecord(msgspec.Struct, kw_only=True):

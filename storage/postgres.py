@@ -18,9 +18,12 @@ failure, which committed nothing, and re-raises everything else unchanged.
 
 The transparency log is stored as C2SP tiles (migration 0004): entries, tiles and the
 signed head of one integration are one transaction; a tile only grows (a trigger refuses
-any other update), a reused leaf index, receipt or signed size fails a unique key, and
-any of these is a StateConflict with nothing written. `log_pending` holds exactly the
-receipts in neither log_leaves (old-format leaves) nor log_entries.
+any other update), a reused leaf index, receipt or signed size fails a unique key, an
+append that does not continue the latest signed head is refused (compare-and-set on the
+tree size), and any of these is a StateConflict with nothing written. `log_pending`
+holds exactly the receipts in neither log_leaves (old-format leaves) nor log_entries.
+One process appends: the log's sequencer, which holds a session advisory lock on a
+connection of its own (`claim_log_sequencer`).
 
 Admin epoch: every process LISTENs on the `gateway_admin` channel on a connection of its
 own. Triggers on `projects` and `api_keys` NOTIFY it at the commit of any change, by any
@@ -29,6 +32,13 @@ the database. A change made through a handle of this process bumps every handle 
 process on the same database at once; other processes see it when the notification
 arrives (normally well under a millisecond later). While the listening connection is down
 the epoch is different on every call, so the key cache never serves a stale entry.
+
+Instances (migration 0009): every key or project change also takes the next admin change
+number (one counter row, so numbers commit in order) and notifies it as the payload; the
+handle counts the newest it heard (`admin_applied`). An instance's lease renewal reads
+the counter FOR SHARE after renewing, in one transaction, so a change that commits
+meanwhile is either read by the renewal or finds the instance live (gateway/instance.py
+and gateway/admin_confirm.py use this). Leases are on the database's clock.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from model_gateway.storage.base import (
     Account,
     AgentRecord,
     Audit,
+    InstanceRecord,
     KeyListing,
     KeyRecord,
     LedgerEntry,
@@ -84,6 +95,13 @@ CHANNEL = "gateway_admin"
 _MIGRATION_LOCK = 0x6D67_7721
 _LOG_LOCK = 0x6D67_6C67
 _USERS_LOCK = 0x6D67_7573
+# pg_try_advisory_lock key (session level): the transparency log's one sequencer.
+_SEQUENCER_LOCK = 0x6D67_7371
+# The server ends the sequencer's session after this long without a query (a hung
+# holder: its lock goes with it); the holder queries it before every integration.
+_SEQUENCER_IDLE = "5s"
+_SEQUENCER_TIMEOUT_S = 2.0
+_LATEST_CHANGE = "SELECT n FROM admin_changes"
 _TRANSIENT = frozenset({"40001", "40P01"})  # serialization failure, deadlock: safe to rerun
 _RETRIES = 3
 _LISTENER_PING_S = 2.0
@@ -91,9 +109,12 @@ _RECONNECT_S = 1.0
 
 # The driver's failures: the database, the connection or the driver (never a bug of ours).
 # ValueError: a malformed DSN; OverflowError: an integer PostgreSQL cannot hold.
+# InternalClientError: a connection the server ended under a query (seen when a paused
+# process wakes up and uses a session the server closed meanwhile).
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     asyncio.TimeoutError,
     ValueError,
@@ -222,6 +243,9 @@ class PostgresStorage(Storage):
         self._listener: Connection | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
+        self._sequencer: Connection | None = None  # holds or tries the sequencer lock
+        self._sequencing = False  # whether its session holds the lock
+        self._watchers: list[Callable[[int], None]] = []
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -327,6 +351,8 @@ class PostgresStorage(Storage):
         )
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
+            # Read after listening: a later change is heard, an earlier one is counted here.
+            latest = await conn.fetchval(_LATEST_CHANGE)
         except BaseException:
             await conn.close()
             raise
@@ -334,9 +360,22 @@ class PostgresStorage(Storage):
         self._listener = conn
         # Whatever changed while we were not listening is unknown: drop every cache.
         self._epoch += 1
+        self._admin_applied = max(self._admin_applied, latest)
 
     def _on_notify(self, conn: Connection, pid: int, channel: str, payload: str) -> None:
         self._epoch += 1
+        if payload.isdigit():  # the change number (migration 0009)
+            self._admin_applied = max(self._admin_applied, int(payload))
+        for callback in self._watchers:
+            callback(self._admin_applied)
+
+    def watch_admin(self, callback: Callable[[int], None]) -> None:
+        self._watchers.append(callback)
+
+    def catch_up_admin(self, change: int) -> None:
+        if change > self._admin_applied:
+            self._epoch += 1  # a change we were not told of: drop every cache
+            self._admin_applied = change
 
     def _on_listener_lost(self, conn: Connection) -> None:
         if conn is self._listener:
@@ -383,6 +422,7 @@ class PostgresStorage(Storage):
         listener, self._listener = self._listener, None
         if listener is not None and await _failure(lambda: asyncio.wait_for(listener.close(), 5)):
             listener.terminate()
+        self._drop_sequencer()
         if await _failure(lambda: asyncio.wait_for(self._pool.close(), 10)):
             self._pool.terminate()
 
@@ -498,6 +538,58 @@ class PostgresStorage(Storage):
             "api_keys", "prefix", prefix, ("usable", "revoked"), f"key {prefix}"
         )
         return _key(row)
+
+    # --- instances ---------------------------------------------------------------------
+
+    async def admin_change(self) -> int:
+        return int(await self._run(lambda c: c.fetchval(_LATEST_CHANGE)))
+
+    async def renew_instance(self, instance_id: str, lease_ms: int, acked: int) -> int:
+        async def renew(conn: Connection) -> int:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO instances (id, started_at, lease_until, acked)"
+                    " VALUES ($1, gateway_now_ms(), gateway_now_ms() + $2, $3)"
+                    " ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until,"
+                    " acked = greatest(instances.acked, excluded.acked)",
+                    instance_id,
+                    lease_ms,
+                    acked,
+                )
+                # After the renewal, and locked against a change committing meanwhile
+                # (migration 0009 says why).
+                return int(await conn.fetchval(_LATEST_CHANGE + " FOR SHARE"))
+
+        return await self._run(renew)
+
+    async def acknowledge_admin(self, instance_id: str, change: int) -> None:
+        await self._run(
+            lambda c: c.execute(
+                "UPDATE instances SET acked = $2 WHERE id = $1 AND acked < $2",
+                instance_id,
+                change,
+            )
+        )
+
+    async def deregister_instance(self, instance_id: str) -> None:
+        await self._run(lambda c: c.execute("DELETE FROM instances WHERE id = $1", instance_id))
+
+    async def list_instances(self) -> list[InstanceRecord]:
+        rows = await self._run(
+            lambda c: c.fetch(
+                "SELECT id, started_at, lease_until, acked,"
+                " lease_until >= gateway_now_ms() AS live FROM instances ORDER BY id"
+            )
+        )
+        return [InstanceRecord(**_fields(row, InstanceRecord)) for row in rows]
+
+    async def forget_instances(self, expired_for_ms: int) -> int:
+        status = await self._run(
+            lambda c: c.execute(
+                "DELETE FROM instances WHERE lease_until < gateway_now_ms() - $1", expired_for_ms
+            )
+        )
+        return int(status.rsplit(" ", 1)[1])
 
     # --- money -----------------------------------------------------------------------
 
@@ -748,6 +840,15 @@ class PostgresStorage(Storage):
                 # One integrator at a time (no lock-order deadlock between tile upserts);
                 # a writer that raced us then fails on the entries' keys, before the tiles.
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOG_LOCK)
+                if head is not None:
+                    # Compare-and-set on the tree size: a stale sequencer (one that paused
+                    # and lost its lock) cannot fork the log or leave a gap in it.
+                    stored = await conn.fetchval("SELECT coalesce(max(size), 0) FROM tree_heads")
+                    if stored != head.size - len(entries):
+                        raise StateConflict(
+                            f"PostgreSQL append_log_tiles: the log is at size {stored},"
+                            f" this append continues size {head.size - len(entries)}"
+                        )
                 await conn.execute(
                     "INSERT INTO log_entries (leaf_index, receipt_id)"
                     " SELECT * FROM unnest($1::bigint[], $2::text[])",
@@ -819,6 +920,45 @@ class PostgresStorage(Storage):
                 lambda c: c.fetchrow("SELECT * FROM tree_heads WHERE size = $1", size)
             )
         return None if row is None else TreeHeadRecord(**_fields(row, TreeHeadRecord))
+
+    # --- the log's sequencer -----------------------------------------------------------
+
+    async def claim_log_sequencer(self) -> bool:
+        """A session advisory lock, on a connection of its own: held while that session
+        lives. It ends, and frees the lock, when the process dies (its socket closes) or
+        hangs (the server ends a session idle for `_SEQUENCER_IDLE`; the holder queries it
+        on every call). A lock rather than a lease row: a dead holder's lock is free at
+        once, and no clock or expiry is involved. A call that fails drops the connection
+        (and the lock with it): the next call starts a new session and tries again."""
+
+        async def claim() -> None:
+            if self._sequencer is None or self._sequencer.is_closed():
+                self._sequencing = False
+                self._sequencer = await asyncpg.connect(
+                    self._dsn,
+                    server_settings={
+                        "application_name": "model-gateway-sequencer",
+                        "idle_session_timeout": _SEQUENCER_IDLE,
+                    },
+                )
+            if self._sequencing:  # the session is alive, so the lock is still ours
+                await self._sequencer.fetchval("SELECT 1")
+            else:
+                self._sequencing = await self._sequencer.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", _SEQUENCER_LOCK
+                )
+
+        failure = await _failure(lambda: asyncio.wait_for(claim(), _SEQUENCER_TIMEOUT_S))
+        if failure is not None:
+            log.warning("log sequencer lock: %s; starting a new session", failure)
+            self._drop_sequencer()
+        return self._sequencing
+
+    def _drop_sequencer(self) -> None:
+        """Close the lock's session (the server frees the lock when its socket closes)."""
+        conn, self._sequencer, self._sequencing = self._sequencer, None, False
+        if conn is not None:
+            conn.terminate()
 
     # --- the console -----------------------------------------------------------------
 
@@ -1570,6 +1710,33 @@ class PostgresStorage(Storage):
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
         return int(row["leased"]), int(row["held"])
+
+    # --- requests per minute, shared by every instance (migration 0008) ---------------
+
+    async def take_rate_limits(
+        self, buckets: list[tuple[str, int]], at_us: int | None = None
+    ) -> int:
+        """Take one request from every (name, rpm) bucket or from none, in one statement on
+        the database's clock (`at_us`: a given time instead, for tests): 0, or the whole
+        seconds to wait."""
+        names = [name for name, _ in buckets]
+        rpms = [rpm for _, rpm in buckets]
+        wait = await self._run(
+            lambda c: c.fetchval("SELECT rate_limit_take($1, $2, $3::BIGINT)", names, rpms, at_us)
+        )
+        return int(wait)
+
+    async def prune_rate_limits(self) -> int:
+        """Delete buckets whose arrival time is past (the same as no row); rows a request
+        holds are skipped, never waited for. Returns how many went."""
+        status = await self._run(
+            lambda c: c.execute(
+                "DELETE FROM rate_limits WHERE bucket IN (SELECT bucket FROM rate_limits"
+                " WHERE tat < (extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT"
+                " FOR UPDATE SKIP LOCKED)"
+            )
+        )
+        return int(status.split()[-1])
 
 
 def _user(row: Row) -> UserRecord:

@@ -47,8 +47,10 @@ opens it (SQLite gives its -wal and -shm files the database's mode), the epoch f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -63,6 +65,7 @@ from model_gateway.storage.base import (
     Account,
     AgentRecord,
     Audit,
+    InstanceRecord,
     KeyListing,
     KeyRecord,
     LedgerEntry,
@@ -107,6 +110,10 @@ def _migrations() -> list[tuple[int, str]]:
     return [(int(p.name.split("_", 1)[0]), p.read_text()) for p in scripts]
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def _statements(script: str) -> Iterator[str]:
     """Split a migration into statements the way SQLite's own tokenizer sees them."""
     pending = ""
@@ -119,6 +126,60 @@ def _statements(script: str) -> Iterator[str]:
 
 def _json_list(value: list[str] | frozenset[str] | None) -> str | None:
     return None if value is None else orjson.dumps(sorted(value)).decode()
+
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _pack(prefix: str, value: str | None) -> str | bytes | None:
+    """An id of the gateway's form (prefix + lowercase hex), or a hex digest (prefix ''),
+    as the bytes of its hex part; anything else unchanged (migration 0011)."""
+    if not isinstance(value, str) or not value.startswith(prefix):
+        return value
+    body = value[len(prefix) :]
+    if not body or len(body) % 2 or not _HEX_DIGITS.issuperset(body):
+        return value
+    return bytes.fromhex(body)
+
+
+def _unpack(prefix: str, value: str | bytes | None) -> str | None:
+    return prefix + value.hex() if isinstance(value, bytes) else value
+
+
+def _is_int64(value: object) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
+
+
+def _split_usage(usage: dict[str, int]) -> tuple[int | None, int | None, str | None]:
+    """Input and output tokens as integers, any other count as JSON (None: no other)."""
+    rest = dict(usage)
+    counts = [rest.pop(n) if _is_int64(rest.get(n)) else None for n in _TOKEN_COUNTS]
+    return counts[0], counts[1], orjson.dumps(rest).decode() if rest else None
+
+
+_TOKEN_COUNTS = ("input_tokens", "output_tokens")
+_MAX_INT = 2**63 - 1
+
+
+def _usage_part(usage: str | None, part: str | None) -> int | str | None:
+    """Migration 0011's `gateway_usage(usage, part)`: a token count, or (part NULL) the rest."""
+    if usage is None:
+        return None
+    split = _split_usage(orjson.loads(usage))
+    return split[2] if part is None else split[_TOKEN_COUNTS.index(part)]
+
+
+def _response_commitment(salt: str | None, response_sha256: str | None) -> str | None:
+    """SHA-256(salt || digest) from their hex: what every receipt the gateway issues
+    commits to (gateway/proofs/commitments.py), so it is rebuilt rather than stored."""
+    salt_bytes, digest = _pack("", salt), _pack("", response_sha256)
+    if not isinstance(salt_bytes, bytes) or not isinstance(digest, bytes):
+        return None
+    return hashlib.sha256(salt_bytes + digest).hexdigest()
+
+
+def _month_of(created_at_us: int) -> str:
+    return time.strftime("%Y-%m", time.gmtime(created_at_us // 1_000_000))
 
 
 def _project(row: sqlite3.Row) -> ProjectRecord:
@@ -136,7 +197,14 @@ def _project(row: sqlite3.Row) -> ProjectRecord:
 
 
 def _receipt(row: sqlite3.Row) -> ReceiptRecord:
-    return ReceiptRecord(**{**dict(row), "usage": orjson.loads(row["usage"])})
+    """A row of the `receipts` view (migration 0011) as the record it was settled as."""
+    fields = {name: row[name] for name in ReceiptRecord.__struct_fields__}
+    fields["usage"] = orjson.loads(row["usage"])
+    if fields["response_commitment"] is None and fields["response_salt"] is not None:
+        fields["response_commitment"] = _response_commitment(
+            fields["response_salt"], fields["response_sha256"]
+        )
+    return ReceiptRecord(**fields)
 
 
 def _key(row: sqlite3.Row) -> KeyRecord:
@@ -185,6 +253,16 @@ _WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
 BUSY_TIMEOUT_S = 5.0
 
 
+# Page cache per connection (the writer's and the reader's) and memory map, measured with
+# bench/storage_backends.py --prefill and bench/soak.py: reserve + settle is about as much
+# slower at a million receipts with a 16 MiB cache or a 1 GiB map as with SQLite's default
+# 2 MB (the slope comes from the random receipt ids' index, not from cache misses), while
+# a bigger cache makes RSS climb until it is full (+15 MiB in a slowed soak) and a map's
+# touched pages count in RSS as the file grows. So: the default size, stated, and no map.
+CACHE_SIZE_KIB = 2000
+MMAP_SIZE_BYTES = 0
+
+
 def _pragmas(busy_timeout_s: float) -> tuple[str, ...]:
     return (
         "journal_mode = WAL",
@@ -192,6 +270,8 @@ def _pragmas(busy_timeout_s: float) -> tuple[str, ...]:
         "foreign_keys = ON",
         f"busy_timeout = {round(busy_timeout_s * 1000)}",
         f"journal_size_limit = {_WAL_SIZE_LIMIT}",
+        f"cache_size = -{CACHE_SIZE_KIB}",
+        f"mmap_size = {MMAP_SIZE_BYTES}",
     )
 
 
@@ -224,6 +304,7 @@ class SQLiteStorage(Storage):
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
         self._writer = writer
+        self._shapes: set[tuple[str | None, ...]] = set()  # labels known in receipt_shapes
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -276,6 +357,12 @@ class SQLiteStorage(Storage):
         # table rebuild (SQLite's 12-step procedure) drops a table others point at. Each
         # migration must leave them consistent, checked before its commit.
         await self._conn.execute("PRAGMA foreign_keys = OFF")
+        # What migration 0011 converts existing receipts with: the boundary's own functions.
+        await self._conn.create_function("gateway_pack", 2, _pack, deterministic=True)
+        await self._conn.create_function("gateway_usage", 2, _usage_part, deterministic=True)
+        await self._conn.create_function(
+            "gateway_response_commitment", 2, _response_commitment, deterministic=True
+        )
         try:
             for number, script in _migrations():
                 async with self._transaction() as db:
@@ -351,6 +438,46 @@ class SQLiteStorage(Storage):
 
     def admin_epoch(self) -> tuple[int, int]:
         return self._epoch.current()
+
+    # Instances: the registry leases the one serving process (and fences it); nothing waits
+    # for acknowledgements, since every change is seen at the next request (the epoch file).
+    instances_acknowledge_changes: ClassVar[bool] = False
+
+    async def admin_change(self) -> int:
+        row = await self._fetchone("SELECT n FROM admin_changes")
+        return 0 if row is None else int(row["n"])
+
+    async def renew_instance(self, instance_id: str, lease_ms: int, acked: int) -> int:
+        now = _now_ms()
+        await self._write(
+            "INSERT INTO instances (id, started_at, lease_until, acked) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until,"
+            " acked = max(acked, excluded.acked)",
+            (instance_id, now, now + lease_ms, acked),
+        )
+        return await self.admin_change()
+
+    async def acknowledge_admin(self, instance_id: str, change: int) -> None:
+        await self._write(
+            "UPDATE instances SET acked = ? WHERE id = ? AND acked < ?",
+            (change, instance_id, change),
+        )
+
+    async def deregister_instance(self, instance_id: str) -> None:
+        await self._write("DELETE FROM instances WHERE id = ?", (instance_id,))
+
+    async def list_instances(self) -> list[InstanceRecord]:
+        rows = await self._fetchall(
+            "SELECT id, started_at, lease_until, acked, lease_until >= ? AS live"
+            " FROM instances ORDER BY id",
+            (_now_ms(),),
+        )
+        return [InstanceRecord(**{**dict(row), "live": bool(row["live"])}) for row in rows]
+
+    async def forget_instances(self, expired_for_ms: int) -> int:
+        return await self._write(
+            "DELETE FROM instances WHERE lease_until < ?", (_now_ms() - expired_for_ms,)
+        )
 
     async def create_project(self, project: ProjectRecord) -> ProjectRecord:
         await self._write(
@@ -455,45 +582,60 @@ class SQLiteStorage(Storage):
 
     async def settle(self, receipt: ReceiptRecord) -> bool:
         r = receipt
+        labels = (r.kind, r.endpoint, r.model_or_runtime, r.status, r.usage_source, r.provider)
+        await self._add_shape(labels)
+        input_tokens, output_tokens, usage_rest = _split_usage(r.usage)
+        rebuilt = _response_commitment(r.response_salt, r.response_sha256)
         # Inserted only while its hold is open and covers the cost, in the one statement:
         # no row (False) when the hold is gone. The `receipt_needs_hold` trigger enforces
         # the same rule for every other writer (it aborts with reservation_gone).
         inserted = await self._write(
-            "INSERT INTO receipts (id, reservation_id, project_id, key_id, request_id, kind,"
-            " endpoint, model_or_runtime, status, usage, cost, month, created_at,"
+            "INSERT INTO receipt_rows (id, reservation_id, project_id, key_id, request_id,"
+            " shape, input_tokens, output_tokens, usage_rest, cost, month, created_at,"
             " request_sha256, response_sha256, request_salt, response_salt,"
-            " request_commitment, response_commitment, usage_source, provider)"
-            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE EXISTS (SELECT 1 FROM reservations"
+            " request_commitment, response_commitment)"
+            " SELECT ?, ?, ?, ?, ?, s.id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+            " FROM receipt_shapes s WHERE s.kind = ? AND s.endpoint = ?"
+            " AND s.model_or_runtime = ? AND s.status = ? AND s.usage_source = ?"
+            " AND s.provider IS ?"
+            " AND EXISTS (SELECT 1 FROM reservations"
             "  WHERE id = ? AND project_id = ? AND amount >= ?)",
             (
-                r.id,
-                r.reservation_id,
-                r.project_id,
-                r.key_id,
-                r.request_id,
-                r.kind,
-                r.endpoint,
-                r.model_or_runtime,
-                r.status,
-                orjson.dumps(r.usage).decode(),
+                _pack("rcpt_", r.id),
+                _pack("rsv_", r.reservation_id),
+                _pack("prj_", r.project_id),
+                _pack("key_", r.key_id),
+                _pack("req_", r.request_id),
+                input_tokens,
+                output_tokens,
+                usage_rest,
                 r.cost,
-                r.month,
+                None if r.month == _month_of(r.created_at) else r.month,
                 r.created_at,
-                r.request_sha256,
-                r.response_sha256,
-                r.request_salt,
-                r.response_salt,
-                r.request_commitment,
-                r.response_commitment,
-                r.usage_source,
-                r.provider,
+                _pack("", r.request_sha256),
+                _pack("", r.response_sha256),
+                _pack("", r.request_salt),
+                _pack("", r.response_salt),
+                _pack("", r.request_commitment),
+                None if r.response_commitment == rebuilt else _pack("", r.response_commitment),
+                *labels,
                 r.reservation_id,
                 r.project_id,
                 r.cost,
             ),
         )
         return inserted == 1
+
+    async def _add_shape(self, labels: tuple[str | None, ...]) -> None:
+        """The receipt's labels in receipt_shapes, the first time this process meets them
+        (a write SQL decides alone: group-committed, before the receipt that needs them)."""
+        if labels not in self._shapes:
+            await self._write(
+                "INSERT INTO receipt_shapes (kind, endpoint, model_or_runtime, status,"
+                " usage_source, provider) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                labels,
+            )
+            self._shapes.add(labels)
 
     async def release(self, reservation_id: str) -> None:
         await self._write("DELETE FROM reservations WHERE id = ?", (reservation_id,))
@@ -535,25 +677,31 @@ class SQLiteStorage(Storage):
         return 0 if row is None else int(row["spent"])
 
     async def get_receipt(self, receipt_id: str) -> ReceiptRecord | None:
-        row = await self._fetchone("SELECT * FROM receipts WHERE id = ?", (receipt_id,))
-        if row is None:
-            return None
-        fields = dict(row)
-        fields["usage"] = orjson.loads(fields["usage"])
-        return ReceiptRecord(**fields)
+        row = await self._fetchone(
+            "SELECT * FROM receipts WHERE seq = (SELECT seq FROM receipt_rows WHERE id = ?)",
+            (_pack("rcpt_", receipt_id),),
+        )
+        return None if row is None else _receipt(row)
 
     async def audit(self, project_id: str, month: str) -> Audit:
+        # Charges are whole ledger rows, or rows that name their receipt (migration 0011).
         row = await self._fetchone(
             "SELECT p.balance, p.reserved,"
             " (SELECT COALESCE(SUM(CASE kind WHEN 'credit' THEN amount ELSE -amount END), 0)"
-            "  FROM ledger WHERE project_id = p.id) AS ledger_sum,"
+            "  FROM ledger WHERE project_id = p.id)"
+            " - (SELECT COALESCE(SUM(r.cost), 0) FROM receipt_rows r"
+            "  JOIN ledger l ON l.receipt = r.seq WHERE r.project_id = ?1) AS ledger_sum,"
             " (SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project_id = p.id) AS held,"
-            " (SELECT COALESCE(SUM(spent), 0) FROM month_spend WHERE subject = p.id AND month = ?)"
+            " (SELECT COALESCE(SUM(spent), 0) FROM month_spend WHERE subject = p.id AND month = ?2)"
             "  AS month_spend,"
             " (SELECT COALESCE(SUM(amount), 0) FROM ledger"
-            "  WHERE project_id = p.id AND kind = 'charge' AND month = ?) AS month_charges"
-            " FROM projects p WHERE p.id = ?",
-            (month, month, project_id),
+            "  WHERE project_id = p.id AND kind = 'charge' AND month = ?2)"
+            " + (SELECT COALESCE(SUM(r.cost), 0) FROM receipt_rows r"
+            "  JOIN ledger l ON l.receipt = r.seq WHERE r.project_id = ?1 AND ?2 ="
+            "  coalesce(r.month, strftime('%Y-%m', r.created_at / 1000000, 'unixepoch')))"
+            "  AS month_charges"
+            " FROM projects p WHERE p.id = ?3",
+            (_pack("prj_", project_id), month, project_id),
         )
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
@@ -582,18 +730,20 @@ class SQLiteStorage(Storage):
         return None if row is None else SandboxRecord(**dict(row))
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
+        # Leaves follow receipts' issue order, so the search starts after the last logged
+        # one (with tiles, else before them) instead of scanning every receipt ever issued.
+        last_leaf = await self._fetchone(
+            "SELECT receipt_id FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
+        )
         rows = await self._fetchall(
-            # Leaves follow receipt rowids, so the search starts after the last logged one
-            # (with tiles, else before them) instead of scanning every receipt ever issued.
-            "SELECT r.* FROM receipts r WHERE r.rowid > COALESCE("
-            " (SELECT x.rowid FROM log_entries e JOIN receipts x ON x.id = e.receipt_id"
-            "  ORDER BY e.leaf_index DESC LIMIT 1),"
-            " (SELECT x.rowid FROM log_leaves l JOIN receipts x ON x.id = l.receipt_id"
-            "  ORDER BY l.leaf_index DESC LIMIT 1), 0)"
-            " AND NOT EXISTS (SELECT 1 FROM log_entries e WHERE e.receipt_id = r.id)"
-            " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = r.id)"
-            " ORDER BY r.rowid LIMIT ?",
-            (limit,),
+            "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
+            " WHERE r.seq > max("
+            "  COALESCE((SELECT receipt FROM log_entries ORDER BY leaf_index DESC LIMIT 1), 0),"
+            "  COALESCE((SELECT seq FROM receipt_rows WHERE id = ?), 0))"
+            " AND NOT EXISTS (SELECT 1 FROM log_entries e WHERE e.receipt = r.seq)"
+            " AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.receipt_id = v.id)"
+            " ORDER BY r.seq LIMIT ?",
+            (None if last_leaf is None else _pack("rcpt_", last_leaf[0]), limit),
         )
         return [_receipt(row) for row in rows]
 
@@ -772,8 +922,7 @@ class SQLiteStorage(Storage):
 
     async def list_keys(self, project_id: str) -> list[KeyListing]:
         rows = await self._fetchall(
-            "SELECT k.*, (SELECT MAX(r.created_at) FROM receipts r WHERE r.key_id = k.id)"
-            " AS last_used_us FROM api_keys k WHERE k.project_id = ?"
+            "SELECT k.* FROM api_keys k WHERE k.project_id = ?"
             " ORDER BY k.created_at DESC, k.rowid DESC",
             (project_id,),
         )
@@ -791,20 +940,25 @@ class SQLiteStorage(Storage):
     ) -> list[dict[str, object]]:
         group = {
             "day": "strftime('%Y-%m-%d', r.created_at / 1000000, 'unixepoch')",
-            "model": "r.model_or_runtime",
+            "model": "s.model_or_runtime",
             "key": "k.prefix",
         }[group_by]
+        # Receipts (migration 0011) keep integer token counts in columns, others in usage_rest.
         rows = await self._fetchall(
             f"SELECT {group} AS grp, COUNT(*) AS requests,"  # noqa: S608 (a fixed expression)
-            " COALESCE(SUM(json_extract(r.usage, '$.input_tokens')), 0) AS input_tokens,"
-            " COALESCE(SUM(json_extract(r.usage, '$.output_tokens')), 0) AS output_tokens,"
-            " COALESCE(SUM(CASE r.kind WHEN 'sandbox'"
-            "  THEN json_extract(r.usage, '$.duration_ms') END), 0) AS sandbox_ms,"
+            " COALESCE(SUM(COALESCE(r.input_tokens,"
+            "  json_extract(r.usage_rest, '$.input_tokens'))), 0) AS input_tokens,"
+            " COALESCE(SUM(COALESCE(r.output_tokens,"
+            "  json_extract(r.usage_rest, '$.output_tokens'))), 0) AS output_tokens,"
+            " COALESCE(SUM(CASE s.kind WHEN 'sandbox'"
+            "  THEN json_extract(r.usage_rest, '$.duration_ms') END), 0) AS sandbox_ms,"
             " SUM(r.cost) AS cost"
-            " FROM receipts r LEFT JOIN api_keys k ON k.id = r.key_id"
+            " FROM receipt_rows r JOIN receipt_shapes s ON s.id = r.shape"
+            " LEFT JOIN api_keys k ON k.id = (CASE typeof(r.key_id) WHEN 'blob'"
+            "  THEN 'key_' || lower(hex(r.key_id)) ELSE r.key_id END)"
             " WHERE r.project_id = ? AND r.created_at >= ? AND r.created_at < ?"
             " GROUP BY grp ORDER BY grp",
-            (project_id, start_us, end_us),
+            (_pack("prj_", project_id), start_us, end_us),
         )
         return [{**dict(row), "group": row["grp"]} for row in rows]
 
@@ -812,36 +966,37 @@ class SQLiteStorage(Storage):
         self, project_id: str, limit: int, before: int | None
     ) -> list[tuple[int, ReceiptRecord]]:
         rows = await self._fetchall(
-            "SELECT rowid AS position, * FROM receipts WHERE project_id = ? AND rowid < ?"
-            " ORDER BY rowid DESC LIMIT ?",
-            (project_id, 2**63 - 1 if before is None else before, limit),
+            "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
+            " WHERE r.project_id = ? AND r.seq < ? ORDER BY r.seq DESC LIMIT ?",
+            (_pack("prj_", project_id), _MAX_INT if before is None else before, limit),
         )
-        return [
-            (
-                row["position"],
-                ReceiptRecord(
-                    **{
-                        name: row[name]
-                        for name in ReceiptRecord.__struct_fields__
-                        if name != "usage"
-                    },
-                    usage=orjson.loads(row["usage"]),
-                ),
-            )
-            for row in rows
-        ]
+        return [(row["seq"], _receipt(row)) for row in rows]
 
     async def list_ledger(
         self, project_id: str, limit: int, before: int | None
     ) -> list[LedgerEntry]:
-        rows = await self._fetchall(
+        below = _MAX_INT if before is None else before
+        whole = await self._fetchall(
             "SELECT l.id, l.kind, l.amount, l.key_id, l.receipt_id, l.created_at,"
             " p.reference, u.tx_hash FROM ledger l"
             " LEFT JOIN payments p ON p.ledger_id = l.id"
             " LEFT JOIN purchases u ON u.ledger_id = l.id"
             " WHERE l.project_id = ? AND l.id < ? ORDER BY l.id DESC LIMIT ?",
-            (project_id, 2**63 - 1 if before is None else before, limit),
+            (project_id, below, limit),
         )
+        # Charges told by their receipt (migration 0011), found along the receipts' project
+        # index: their ledger ids grow with their receipts' seqs, so those below the cursor
+        # are the receipts below the first such charge at or above it.
+        told = await self._fetchall(
+            "SELECT l.id, 'charge' AS kind, r.cost AS amount, r.key_id, r.id AS receipt_id,"
+            " r.created_at / 1000000 AS created_at, NULL AS reference, NULL AS tx_hash"
+            " FROM receipt_rows r JOIN ledger l ON l.receipt = r.seq"
+            " WHERE r.project_id = ? AND r.seq < COALESCE((SELECT receipt FROM ledger"
+            "  WHERE id >= ? AND receipt IS NOT NULL ORDER BY id LIMIT 1), ?)"
+            " ORDER BY r.seq DESC LIMIT ?",
+            (_pack("prj_", project_id), below, _MAX_INT, limit),
+        )
+        rows = sorted([*whole, *told], key=lambda row: row["id"], reverse=True)[:limit]
         return [
             LedgerEntry(
                 id=row["id"],
@@ -853,8 +1008,8 @@ class SQLiteStorage(Storage):
                     else row["kind"]
                 ),
                 amount=row["amount"],
-                key_id=row["key_id"],
-                receipt_id=row["receipt_id"],
+                key_id=_unpack("key_", row["key_id"]),
+                receipt_id=_unpack("rcpt_", row["receipt_id"]),
                 reference=row["reference"] or row["tx_hash"],
                 created_at=row["created_at"],
             )
@@ -1160,14 +1315,16 @@ class SQLiteStorage(Storage):
     ) -> None:
         heads = [] if head is None else [head]
         head_rows: list[tuple[object, ...]] = [
-            (h.size, h.root_hash, h.timestamp, h.key_id, h.signature) for h in heads
+            (h.size, h.size - len(entries), h.root_hash, h.timestamp, h.key_id, h.signature)
+            for h in heads
         ]
         await self._writer.execute_unit(
             [
                 # Entries first: a writer that raced us fails here, before the tiles.
                 (
-                    "INSERT INTO log_entries (leaf_index, receipt_id) VALUES (?, ?)",
-                    [(e.leaf_index, e.receipt_id) for e in entries],
+                    "INSERT INTO log_entries (leaf_index, receipt)"
+                    " VALUES (?, (SELECT seq FROM receipt_rows WHERE id = ?))",
+                    [(e.leaf_index, _pack("rcpt_", e.receipt_id)) for e in entries],
                 ),
                 # The log_tiles_only_grow trigger refuses an update that is not an append.
                 (
@@ -1175,13 +1332,19 @@ class SQLiteStorage(Storage):
                     " ON CONFLICT (level, idx) DO UPDATE SET hashes = excluded.hashes",
                     [(t.level, t.index, t.hashes) for t in tiles],
                 ),
+                # Compare-and-set on the tree size: unless the latest stored head is the
+                # one this append continues, the root is NULL and NOT NULL undoes the unit.
                 (
                     "INSERT INTO tree_heads (size, root_hash, timestamp, key_id, signature)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    " VALUES (?1, CASE WHEN (SELECT coalesce(max(size), 0) FROM tree_heads)"
+                    " = ?2 THEN ?3 END, ?4, ?5, ?6)",
                     head_rows,
                 ),
             ]
         )
+
+    async def claim_log_sequencer(self) -> bool:
+        return True  # one serving process per file: it is the sequencer
 
     async def log_tiles(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         # One round trip for every tile a proof needs, the keys as one JSON parameter.
@@ -1195,24 +1358,20 @@ class SQLiteStorage(Storage):
 
     async def log_entry_index(self, receipt_id: str) -> int | None:
         row = await self._fetchone(
-            "SELECT leaf_index FROM log_entries WHERE receipt_id = ?", (receipt_id,)
+            "SELECT e.leaf_index FROM receipt_rows r JOIN log_entries e ON e.receipt = r.seq"
+            " WHERE r.id = ?",
+            (_pack("rcpt_", receipt_id),),
         )
         return None if row is None else row[0]
 
     async def log_entry_receipts(self, start: int, end: int) -> list[tuple[int, ReceiptRecord]]:
         rows = await self._fetchall(
-            "SELECT e.leaf_index AS log_leaf_index, r.* FROM log_entries e"
-            " JOIN receipts r ON r.id = e.receipt_id"
+            "SELECT e.leaf_index AS log_leaf_index, v.* FROM log_entries e"
+            " JOIN receipts v ON v.seq = e.receipt"
             " WHERE e.leaf_index >= ? AND e.leaf_index < ? ORDER BY e.leaf_index",
             (start, end),
         )
-        result = []
-        for row in rows:
-            fields = dict(row)
-            index = fields.pop("log_leaf_index")
-            fields["usage"] = orjson.loads(fields["usage"])
-            result.append((index, ReceiptRecord(**fields)))
-        return result
+        return [(row["log_leaf_index"], _receipt(row)) for row in rows]
 
     # -- Leases (migrations/sqlite/0012_leases.sql): every write one group-committed statement
 

@@ -6,12 +6,17 @@ import pytest
 
 from tests.storage.backends import STORAGE_BACKENDS, in_ci, postgres_absent, postgres_database
 from tests.support.gateway_process import GatewayProcess
+from tests.support.redis_server import REDIS_URL, delete_prefix, new_prefix, redis_absent
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "postgres: needs a PostgreSQL server (skipped only when none listens; CI=true fails)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "redis: needs a Redis server (skipped only when none listens; CI=true fails)",
     )
 
 
@@ -84,7 +89,29 @@ def fresh_postgres_url(request):
         yield url
 
 
+_redis_skipped: list[str] = []
+
+
+@pytest.fixture
+def redis_url():
+    """The test Redis and a key prefix of this test's own (its keys deleted at the end)."""
+    absent = redis_absent()
+    if absent is not None:
+        if in_ci():
+            pytest.fail(f"CI=true and {absent}: the Redis cases must run in CI")
+        _redis_skipped.append(absent)
+        pytest.skip(absent)
+    prefix = new_prefix()
+    yield REDIS_URL, prefix
+    delete_prefix(prefix)
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _redis_skipped:
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if "redis" in r.keywords]
+        terminalreporter.write_sep(
+            "=", f"{len(skipped)} Redis case(s) SKIPPED: {_redis_skipped[0]}", yellow=True
+        )
     if _postgres_skipped:
         skipped = [r for r in terminalreporter.stats.get("skipped", []) if "postgres" in r.keywords]
         terminalreporter.write_sep(

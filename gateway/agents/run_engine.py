@@ -7,8 +7,9 @@ admitted against the run's remaining budget by storage, so `spent` never exceeds
 `budget` however many runs, steps and instances share a project.
 
 Runs are leased to this process like holds (`owner` is the meter's `host:pid:start`):
-a sweeper renews this process's leases, fails the runs of dead owners and expired leases
-(their holds released by storage), and notices cancels requested by other instances.
+a sweeper renews this process's leases, fails the runs of dead owners (an instance whose
+registry lease ended included) and expired leases (their holds released by storage), and
+notices cancels requested by other instances.
 Nothing ends silently: every run ends with a status, and an error object unless it
 completed.
 """
@@ -34,7 +35,7 @@ from model_gateway.gateway.agents.run_step import (
     check_model,
 )
 from model_gateway.gateway.catalog import ConfigCatalog
-from model_gateway.gateway.metering import owner_alive
+from model_gateway.gateway.metering import owner_check
 from model_gateway.pipeline.endpoint import Endpoint, RouteTable
 from model_gateway.pipeline.errors import Conflict, InvalidRequest, NotFound
 from model_gateway.pipeline.ports import Meter
@@ -377,7 +378,8 @@ class AgentEngine:
         await self._fail_abandoned()
 
     async def _fail_abandoned(self) -> None:
-        for run_id in await self.storage.fail_abandoned_runs(owner_alive, ABANDONED):
+        alive = await owner_check(self.storage)  # a dead instance's runs fail with its lease
+        for run_id in await self.storage.fail_abandoned_runs(alive, ABANDONED):
             log.warning("run %s failed: its process stopped before it ended", run_id)
             self.feed.notify(run_id)
 

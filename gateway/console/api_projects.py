@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from model_gateway.gateway import cli
+from model_gateway.gateway.admin_confirm import confirm_admin_change
 from model_gateway.gateway.console import records
 from model_gateway.gateway.console.guard import (
     project_of,
@@ -89,7 +90,7 @@ def routes(console) -> list[Endpoint]:
                 await storage.set_payer_addresses(found.id, payers)
         except StateConflict:
             raise Conflict("The project is archived: it is read-only.") from None
-        return json_response(await project_view(storage, updated))
+        return json_response(await confirmed(await project_view(storage, updated)))
 
     async def archive_project(call: Call):
         require_owner(call.user)
@@ -98,7 +99,7 @@ def routes(console) -> list[Endpoint]:
             archived = await storage.archive_project(found.id)
         except StateConflict:
             raise Conflict("The project is already archived.") from None
-        return json_response(await project_view(storage, archived))
+        return json_response(await confirmed(await project_view(storage, archived)))
 
     async def list_keys(call: Call):
         found = await project_of(storage, call)
@@ -132,7 +133,12 @@ def routes(console) -> list[Endpoint]:
             revoked = await storage.revoke_key(key.prefix)
         except StateConflict:
             raise Conflict("The key is already revoked.") from None
-        return json_response(await cli.key_view(storage, revoked))
+        return json_response(await confirmed(await cli.key_view(storage, revoked)))
+
+    async def confirmed(view: dict) -> dict:
+        """Answered once every live instance dropped the change (gateway/admin_confirm.py)."""
+        confirmation = await confirm_admin_change(storage, config.cluster.lease_s)
+        return {**view, "instances": confirmation.view()}
 
     async def list_sandboxes(call: Call):
         found = await project_of(storage, call)

@@ -41,7 +41,7 @@ def page(title: str, body: str, *, user=None, status: int = 200) -> HTMLResponse
             '<button type="button" class="link" data-logout>Sign out</button>'
         )
     html = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="en" data-console="/console"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)} · Gateway console</title>
 <link rel="icon" href="/console/static/favicon.svg" type="image/svg+xml">

@@ -18,6 +18,7 @@ from model_gateway.gateway.console.guard import (
     check_origin,
     signed_in,
 )
+from model_gateway.gateway.console.prefix import under_prefix
 from model_gateway.gateway.console.sessions import Sessions
 from model_gateway.gateway.console.throttle import LoginThrottle
 from model_gateway.pipeline import chain
@@ -205,7 +206,8 @@ class ConsoleMount:
         if scope["type"] == "http":
             path = route_path(scope)
             if path == "/console" or path.startswith("/console/"):
-                await self.console(scope, receive, send)
+                root = scope.get("root_path", "")
+                await self.console(scope, receive, under_prefix(root, send) if root else send)
                 return
         await self.main(scope, receive, send)
 

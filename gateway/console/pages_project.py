@@ -15,6 +15,7 @@ from model_gateway.gateway.console.html import (
     table,
 )
 from model_gateway.gateway.console.mount import PAGE, Call
+from model_gateway.gateway.keys import SCOPES
 from model_gateway.gateway.money import format_amount, parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
@@ -148,7 +149,7 @@ def routes(console) -> list[Endpoint]:
             scopes = "".join(
                 f'<label class="check"><input type="checkbox" name="scopes" value="{s}"'
                 f"{' checked' if s == 'inference' else ''}> {s}</label>"
-                for s in ("inference", "sandboxes", "receipts")
+                for s in sorted(SCOPES)
             )
             body += (
                 "<h2>New key</h2>"

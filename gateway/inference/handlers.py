@@ -1,7 +1,8 @@
 """POST /v1/chat/completions and POST /v1/responses.
 
 Both run on every model: Chat Completions go to the model's provider as they are (the
-provider translates if it speaks something else); Responses pass through to providers
+provider translates if it speaks something else; a chat stream from an upstream that
+speaks chat is passed through, gateway.inference.passthrough); Responses pass through to providers
 with a native Responses endpoint and are translated to chat and back for the others.
 
 Metering contract (read by the settle stage): `ctx.billing` is set before the
@@ -23,6 +24,7 @@ import orjson
 from starlette.responses import Response
 
 from model_gateway.gateway.config import ModelConfig
+from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.renderers import (
     ChatRenderer,
     NativeResponsesRenderer,
@@ -30,7 +32,7 @@ from model_gateway.gateway.inference.renderers import (
 )
 from model_gateway.gateway.inference.responses_translate import chat_request, response_from_chat
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
-from model_gateway.gateway.inference.streaming import Upstream, open_stream
+from model_gateway.gateway.inference.streaming import Renderer, Upstream, open_stream
 from model_gateway.gateway.inference.tokens import (
     chat_prompt_text,
     completion_text,
@@ -170,9 +172,14 @@ class InferenceHandlers:
         acceptance = Acceptance()
         if stream:
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            events = provider.chat_stream(body, acceptance)
+            renderer: Renderer
+            if provider.chat_pass_through:
+                events = provider.chat_events(body, acceptance)
+                renderer = ChatPassThrough(ctx.model_id, include_usage, prompt)
+            else:
+                events = provider.chat_stream(body, acceptance)
+                renderer = ChatRenderer(ctx.model_id, include_usage, prompt)
             upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = ChatRenderer(ctx.model_id, include_usage, prompt)
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)

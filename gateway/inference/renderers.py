@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from model_gateway.gateway.inference.responses_stream import ResponsesEvents
 from model_gateway.gateway.inference.sse import DONE, data_event, named_event
 from model_gateway.gateway.inference.usage import (
@@ -62,25 +64,28 @@ def responses_error_event(error: GatewayError, request_id: str, sequence: int) -
     return named_event("error", payload)
 
 
-class ChatRenderer:
-    """Chat chunks as `data:` events, then `data: [DONE]`."""
+class ChatStream:
+    """What every client-facing chat stream shares: `data:` events, then `data: [DONE]`."""
 
     def __init__(self, model_id: str, include_usage: bool, prompt: str) -> None:
         self.model_id = model_id
         self.include_usage = include_usage
         self.prompt = prompt
-        self._output: list[str] = []
+        # The output of each chunk sent: its text, or (passed through) its JSON, decoded
+        # only when the text is needed.
+        self._output: list[str | bytes] = []
         self._usage: Any = None
 
     def start(self) -> bytes:
         return b""
 
-    def feed(self, chunk: dict) -> bytes:
+    def render(self, chunk: dict) -> bytes:
+        """A decoded chunk as the client gets it (b"" when it gets nothing of it)."""
         usage = chunk.get("usage")
         if usage:
             # The usage chunk comes after the output: the gateway's count is final here.
             self._usage = usage
-            chunk["usage"] = shown_usage(usage, self.prompt, self.output_text(), CHAT_KEYS)
+            chunk["usage"] = shown_usage(usage, self.prompt, self.output_text, CHAT_KEYS)
         if not self.include_usage:
             chunk.pop("usage", None)  # as OpenAI: usage only for who asked for it
             if not chunk.get("choices"):
@@ -96,10 +101,20 @@ class ChatRenderer:
         return data_event(error.body(request_id))
 
     def output_text(self) -> str:
-        return "".join(self._output)
+        return "".join(
+            part if isinstance(part, str) else chunk_output(orjson.loads(part))
+            for part in self._output
+        )
 
     def usage(self) -> dict[str, Any]:
         return chat_tokens(self._usage)
+
+
+class ChatRenderer(ChatStream):
+    """Chat chunks from a provider that reads its upstream's stream (translating or not)."""
+
+    def feed(self, chunk: dict) -> bytes:
+        return self.render(chunk)
 
 
 class TranslatedResponsesRenderer:

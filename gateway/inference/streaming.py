@@ -189,10 +189,11 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
 
 
 def _meter(ctx, renderer: Renderer, prompt: str, digest, outcome: Outcome) -> None:
-    delivered = renderer.output_text()
-    if outcome == "failed" and not delivered:
+    if outcome == "failed" and not renderer.output_text():
         return  # an upstream failure before any output: the hold is released in full
     # failed: output reached the client before the failure, and is billed;
     # cancelled: the client left, and owes the prompt and what it was sent. Usage that
-    # the upstream reports comes after its output, so it is used whenever it came.
-    ctx.billing = billing(outcome, renderer.usage(), prompt, delivered, digest.hexdigest())
+    # the upstream reports comes after its output, so it is used whenever it came (and
+    # then the delivered text is not even looked at).
+    counts = renderer.usage()
+    ctx.billing = billing(outcome, counts, prompt, renderer.output_text, digest.hexdigest())

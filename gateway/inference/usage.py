@@ -10,6 +10,7 @@ for output), and the billing says so: `Billing.usage_source` "gateway" (else "pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
@@ -23,6 +24,13 @@ MAX_TOKENS = 10**9
 KEYS = ("input_tokens", "output_tokens")
 CHAT_KEYS = ("prompt_tokens", "completion_tokens")
 RESPONSES_KEYS = KEYS
+
+# A text, or what makes it: a stream's delivered text is decoded only if a count is missing.
+Text = str | Callable[[], str]
+
+
+def _text(text: Text) -> str:
+    return text if isinstance(text, str) else text()
 
 
 def token_count(value: Any) -> int | None:
@@ -40,22 +48,21 @@ def reported(usage: Any, keys: tuple[str, str]) -> dict[str, Any]:
 
 
 def billed_usage(
-    counts: dict[str, Any], prompt: str, output: str
+    counts: dict[str, Any], prompt: str, output: Text
 ) -> tuple[dict[str, int], UsageSource]:
     """The usage to bill: each reported count that is one, the gateway's count for the rest."""
-    own = {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(output)}
     usage: dict[str, int] = {}
     source: UsageSource = "provider"
-    for key in KEYS:
+    for key, text in zip(KEYS, (prompt, output), strict=True):
         count = token_count(counts.get(key))
         if count is None:
-            count, source = own[key], "gateway"
+            count, source = estimate_tokens(_text(text)), "gateway"
         usage[key] = count
     return usage, source
 
 
 def billing(
-    outcome: Outcome, counts: dict[str, Any], prompt: str, output: str, digest: str | None
+    outcome: Outcome, counts: dict[str, Any], prompt: str, output: Text, digest: str | None
 ) -> Billing:
     usage, source = billed_usage(counts, prompt, output)
     return Billing(outcome, usage, digest, usage_source=source)
@@ -66,7 +73,7 @@ def cancelled(prompt: str, delivered: str = "") -> Billing:
     return billing("cancelled", {}, prompt, delivered, None)
 
 
-def shown_usage(usage: Any, prompt: str, output: str, keys: tuple[str, str]) -> Any:
+def shown_usage(usage: Any, prompt: str, output: Text, keys: tuple[str, str]) -> Any:
     """The usage object the client gets: the upstream's, with the gateway's count in place
     of any that is not a count, so that the answer says what the receipt says. (No usage
     stays no usage.)"""

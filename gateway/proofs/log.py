@@ -15,9 +15,16 @@ is rebuilt from its receipt row and checked against its leaf hash in the level-0
 Leaves logged before tiles (log_leaves, with their bytes and signatures) are served as
 they were; at the first start after the upgrade their tiles are built once.
 
-Several processes may share one database: leaf indexes and tree sizes are primary keys,
-so an append that raced another process fails as a whole, and the loser reloads the
-right edge of the tree from the stored tiles and retries.
+One sequencer: several instances share one database and one log key, and exactly one of
+them integrates and signs, the one that holds the storage's sequencer lock (PostgreSQL: a
+session advisory lock; SQLite serves one process, which always holds it). The others
+follow: they serve proofs, checkpoints, tiles and entries from the stored log, catching up
+with the latest stored head when asked for something newer and every `follow_s`, and try
+for the lock as often. The one that gets it (its holder died or hung) reloads the right
+edge from the stored tiles and goes on from the stored size. An append is conditional on
+the stored size too (compare-and-set in storage): a stale sequencer, paused while another
+took over, loses whole, reloads and asks for the lock again, so no two heads of one size
+and no gap can ever be stored, whoever writes.
 """
 
 from __future__ import annotations
@@ -56,11 +63,14 @@ from model_gateway.gateway.proofs.tiles import (
     tiles_needed,
 )
 from model_gateway.storage import ReceiptRecord, Storage
-from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
+from model_gateway.storage.base import LogEntry, LogTile, StateConflict, TreeHeadRecord
 
 log = logging.getLogger("gateway.proofs")
 
 INTERVAL_S = 0.25
+# How often a follower catches up with the stored head and tries for the sequencer lock:
+# after a sequencer dies, another takes over within about this long.
+FOLLOW_S = 1.0
 BATCH = 256
 # Building public receipts costs ~10 µs each on the event loop: yield between chunks so
 # that a full batch never holds requests up for more than a few milliseconds.
@@ -130,13 +140,16 @@ class TransparencyLog:
         *,
         origin: str = DEFAULT_ORIGIN,
         interval_s: float = INTERVAL_S,
+        follow_s: float = FOLLOW_S,
         batch: int = BATCH,
     ) -> None:
         self.storage = storage
         self.key = key
         self.origin = origin
         self.interval_s = interval_s
+        self.follow_s = follow_s
         self.batch = batch
+        self.sequencer = False  # whether this process integrates (holds the storage's lock)
         self._edge = TileEdge()  # the right edge of the tree at self._head
         self._head: TreeHeadRecord | None = None  # the latest head known to be stored
         self._checkpoint: str | None = None  # self._head as a signed note
@@ -159,6 +172,7 @@ class TransparencyLog:
     async def start(self) -> None:
         async with self._lock:
             await self._reload()
+        await self._claim()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -167,21 +181,49 @@ class TransparencyLog:
             with anyio.CancelScope(shield=True):
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._task = None
-                # Receipts settled during shutdown: integrate now rather than at next start.
+                # Receipts settled during shutdown: integrate now rather than at next start
+                # (or rather than leaving them to the next sequencer).
                 with anyio.move_on_after(2):
                     try:
-                        await self.integrate()
+                        if await self._claim():
+                            await self.integrate()
                     except Exception:
                         log.exception("final log integration failed; the next start does it")
 
     async def _run(self) -> None:
         while True:
             try:
-                while await self.integrate() >= self.batch:
-                    pass  # a backlog: keep going without sleeping
+                if await self._claim():
+                    # A backlog: keep going without sleeping, holding the lock each batch.
+                    while await self.integrate() >= self.batch and await self._claim():
+                        pass
+                else:
+                    await self._follow()
+            except StateConflict:
+                # Another process appended first (integrate reloaded what it stored): the
+                # next claim says whether this one still holds the lock.
+                log.warning("another process appended to the log first; reloaded the log")
             except Exception:
                 log.exception("log integration failed; retrying")
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self.interval_s if self.sequencer else self.follow_s)
+
+    async def _claim(self) -> bool:
+        """Ask the storage whether this process is (still, or now) the sequencer."""
+        held = await self.storage.claim_log_sequencer()
+        if held and not self.sequencer:
+            async with self._lock:  # go on from the stored tree, not from what we knew
+                await self._catch_up()
+            log.info("log sequencer: this process integrates now, from tree size %d", self.size)
+        elif self.sequencer and not held:
+            log.warning("log sequencer: lock lost; this process follows the stored log now")
+        self.sequencer = held
+        return held
+
+    async def _follow(self) -> None:
+        """Keep up with the sequencer: its latest head, and whether it has every receipt."""
+        await self.latest()
+        if not await self.storage.unlogged_receipts(1):
+            self._caught_up_at = time.monotonic()
 
     async def integrate(self) -> int:
         """Append one batch of unlogged receipts; return how many were taken."""

@@ -1,9 +1,10 @@
 """Any OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp, OpenRouter...
 
-Chat Completions pass through as they are. Streams always ask the upstream for usage
-(`stream_options.include_usage`). The Responses endpoint is used when the upstream has
-one; a server answering 404/405/501 there is served by translation instead (the
-handlers remember that once translation has worked).
+Chat Completions pass through as they are, streams included (read by `chat_events`).
+Streams always ask the upstream for usage (`stream_options.include_usage`). The
+Responses endpoint is used when the upstream has one; a server answering 404/405/501
+there is served by translation instead (the handlers remember that once translation has
+worked).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+import orjson
+
+from model_gateway.gateway.providers.chat_events import ChatEvent, ChatEvents
 from model_gateway.gateway.providers.shapes import (
     ChatAnswer,
     ResponsesAnswer,
@@ -31,6 +35,7 @@ _RESPONSES_FAILED = frozenset({"response.failed", "error"})
 
 class OpenAIProvider(HttpProvider):
     kind = "openai"
+    chat_pass_through = True
     native_responses: bool | None = None
 
     def headers(self) -> dict[str, str]:
@@ -41,27 +46,31 @@ class OpenAIProvider(HttpProvider):
         answer = await self.post_json("/chat/completions", request, acceptance)
         return checked(self.name, answer, ChatAnswer)
 
-    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+    async def chat_events(
+        self, request: dict, acceptance: Acceptance
+    ) -> AsyncIterator[list[ChatEvent]]:
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
-        done = finished = False
-        events = self.post_events("/chat/completions", body, acceptance)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if done:
+        events = ChatEvents(self.name)
+        reads = self.post_stream("/chat/completions", body, acceptance)
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                if events.done:
                     continue  # read on to the end so that the connection is reused
-                if event.data.strip() == "[DONE]":
-                    done = True
-                    continue
-                chunk = checked(self.name, parse_json(self.name, event.data), ChatAnswer)
-                if chunk.get("error"):  # in-band error from the upstream: never its text
-                    raise reported_error(self.name)
-                finished = finished or any(
-                    choice.get("finish_reason") for choice in chunk.get("choices") or ()
-                )
-                yield chunk
-        if not (done or finished):
+                batch, failure = events.feed(read)
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
+        if not events.complete:
             raise stream_ended_early(self.name)
+
+    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+        batches = self.chat_events(request, acceptance)
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                for event in batch:
+                    yield orjson.loads(event.data)
 
     async def responses(self, request: dict, acceptance: Acceptance) -> dict:
         answer = await self.post_json("/responses", request, acceptance, optional_endpoint=True)

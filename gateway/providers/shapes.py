@@ -62,6 +62,16 @@ class ChatAnswer(_Shape):
     created: int | None = None
 
 
+class ChatChunk(ChatAnswer):
+    """A chat stream's chunk, with what a pass-through reads besides its shape: the model
+    name (renamed for the client), the usage (billed; UNSET when the chunk has no `usage`
+    field, None when it is null) and an in-band error."""
+
+    model: Any = None
+    usage: Any = msgspec.UNSET
+    error: Any = None
+
+
 class _OutputItem(_Shape):
     type: str | None = None
     content: _Content = None

@@ -12,16 +12,23 @@ body or credential is ever put in one. Timeouts are the caller's (one rule for a
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
+from aiohttp.connector import Connection
 
 from model_gateway.gateway.config import ProviderConfig
 from model_gateway.gateway.inference.sse import Event, SSEDecoder
 from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.providers.chat_events import ChatEvent
 
 log = logging.getLogger("gateway.providers")
 
@@ -68,6 +75,14 @@ class Provider:
 
     def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
         """Chat completion chunks as they arrive, then a usage chunk when usage is known."""
+        raise NotImplementedError
+
+    # True: the upstream speaks chat itself, and `chat_events` reads its stream as it came.
+    chat_pass_through = False
+
+    def chat_events(self, request: dict, acceptance: Acceptance) -> AsyncIterator[list[ChatEvent]]:
+        """The upstream's chat stream in batches of checked events (chat_events.ChatEvents),
+        usage asked for."""
         raise NotImplementedError
 
     async def responses(self, request: dict, acceptance: Acceptance) -> dict:
@@ -132,14 +147,29 @@ def unreachable(provider: str, exc: BaseException) -> ProviderError:
     return UpstreamFailure("unreachable", detail=type(exc).__name__)
 
 
-async def _on_reuse(session, trace_ctx, params) -> None:
-    trace_ctx.trace_request_ctx.reused = True
+# Whether the current task's last upstream request went out on a pooled connection (set
+# by _PoolConnector.connect, which runs in the task that sends the request).
+_REUSED: ContextVar[bool] = ContextVar("upstream_connection_reused", default=False)
 
 
-# Tells `_post` whether a request went out on a pooled (reused) connection.
-_REUSE_TRACE = aiohttp.TraceConfig()
-_REUSE_TRACE.on_connection_reuseconn.append(_on_reuse)
-_REUSE_TRACE.freeze()
+class _PoolConnector(aiohttp.TCPConnector):
+    """A pooling connector that tells `_post` whether a request's connection was reused.
+
+    (A trace config did this before; any trace config makes aiohttp build and send ~10
+    trace events per request, a few % of a request's CPU.)"""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._served: weakref.WeakSet = weakref.WeakSet()  # protocols that carried a request
+
+    async def connect(self, req, traces, timeout) -> Connection:  # noqa: ASYNC109 (aiohttp's)
+        connection = await super().connect(req, traces, timeout)
+        protocol = connection.protocol
+        _REUSED.set(protocol in self._served)
+        self._served.add(protocol)
+        return connection
+
+
 # What a request on a connection the upstream had already closed fails with.
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -169,10 +199,9 @@ class HttpProvider(Provider):
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=_PoolConnector(limit=0, ttl_dns_cache=300),
             timeout=timeout,
             auto_decompress=True,
-            trace_configs=[_REUSE_TRACE],
         )
         self.fresh_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True),
@@ -198,17 +227,17 @@ class HttpProvider(Provider):
             raise ProviderError()
         headers = {"content-type": "application/json", **self.headers()}
         data = orjson.dumps(body)
-        pooled = SimpleNamespace(reused=False)  # set by _REUSE_TRACE
+        _REUSED.set(False)
         try:
-            response = await self._send(self.session, path, data, headers, pooled)
+            response = await self._send(self.session, path, data, headers)
         except _STALE as exc:
-            if not pooled.reused or isinstance(exc, aiohttp.ClientConnectorError):
+            if not _REUSED.get() or isinstance(exc, aiohttp.ClientConnectorError):
                 raise unreachable(self.name, exc) from None
             # A pooled connection the upstream had closed while it sat idle: the request
             # never reached a live server. Once, on a new connection; not a failure.
             log.info("provider %s: pooled connection was stale; retrying on a fresh one", self.name)
             try:
-                response = await self._send(self.fresh_session, path, data, headers, pooled)
+                response = await self._send(self.fresh_session, path, data, headers)
             except (aiohttp.ClientError, OSError) as exc:
                 raise unreachable(self.name, exc) from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -221,7 +250,7 @@ class HttpProvider(Provider):
             raise ResponsesUnsupported
         raise upstream_error(self.name, response.status)
 
-    async def _send(self, session, path: str, data: bytes, headers: dict, pooled):
+    async def _send(self, session, path: str, data: bytes, headers: dict):
         if session is None:
             raise ProviderError()
         # No redirects: a credential header must never follow one to another host.
@@ -230,7 +259,6 @@ class HttpProvider(Provider):
             data=data,
             headers=headers,
             allow_redirects=False,
-            trace_request_ctx=pooled,
         )
 
     async def post_json(
@@ -245,22 +273,32 @@ class HttpProvider(Provider):
             response.close()
         return parse_json(self.name, raw)
 
-    async def post_events(
+    async def post_stream(
         self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
-    ) -> AsyncIterator[Event]:
-        """The upstream's SSE events as they arrive. Closing this closes the connection."""
+    ) -> AsyncIterator[bytes]:
+        """The upstream's body as it arrives, one item per read. Closing this closes the
+        connection."""
         response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
-        decoder = SSEDecoder()
         try:
-            chunks = response.content.iter_any()
+            reads = response.content.iter_any()
             while True:
                 try:
-                    chunk = await anext(chunks)
+                    read = await anext(reads)
                 except StopAsyncIteration:
                     return
                 except (aiohttp.ClientError, OSError) as exc:
                     raise unreachable(self.name, exc) from None
-                for event in decoder.feed(chunk):
-                    yield event
+                yield read
         finally:
             response.close()  # synchronous: the connection goes at once, even when cancelled
+
+    async def post_events(
+        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+    ) -> AsyncIterator[Event]:
+        """The upstream's SSE events as they arrive. Closing this closes the connection."""
+        decoder = SSEDecoder()
+        reads = self.post_stream(path, body, acceptance, optional_endpoint=optional_endpoint)
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                for event in decoder.feed(read):
+                    yield event

@@ -8,14 +8,25 @@ from model_gateway.gateway.sandbox.wire_auth import NONCE_HEADER, SignatureError
 # Beyond the job's own timeout: bwrap start-up, clean-up and the HTTP round trip.
 TIMEOUT_MARGIN_S = 10.0
 STOP_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0  # a node that does not accept a connection by then is down
 
 
 class NodeError(Exception):
     """The node failed, or its answer did not verify: the gateway's 502 `sandbox_error`."""
 
 
+class NodeUnreachable(NodeError):
+    """No answer: the connection failed, broke or timed out. `sent` is False when it failed
+    before the node could have received the job (safe to send the job elsewhere)."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
 class NodeBusy(NodeError):
-    """Every slot of the node is running: the gateway's 503 `service_unavailable`."""
+    """Every slot of the node is running (another gateway instance's runs, perhaps): the job
+    did not start there and may go to another node."""
 
     def __init__(self, message: str, retry_after: str) -> None:
         super().__init__(message)
@@ -39,6 +50,26 @@ async def stop_on_node(
     return str(answer.get("state"))
 
 
+async def node_healthy(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float
+) -> str | None:
+    """GET /healthz: None when the node answers 200 and will execute, else why not."""
+    url = f"{base_url.rstrip('/')}/healthz"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            raw = await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"unreachable: {type(exc).__name__}"
+    if response.status != 200:
+        return f"/healthz answered HTTP {response.status}"
+    try:
+        isolation = orjson.loads(raw)["isolation"]
+        will_execute = isolation["will_execute"] is True
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "/healthz answer is malformed"
+    return None if will_execute else "the node refuses to execute (isolation missing)"
+
+
 async def _call(
     session: aiohttp.ClientSession,
     url: str,
@@ -53,11 +84,15 @@ async def _call(
             url,
             data=body,
             headers={**headers, "content-type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S),
         ) as response:
             raw = await response.read()
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        message = f"sandbox node unreachable: {type(exc).__name__}"
+        raise NodeUnreachable(message, sent=False) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise NodeError(f"sandbox node unreachable: {type(exc).__name__}") from exc
+        message = f"sandbox node unreachable: {type(exc).__name__}"
+        raise NodeUnreachable(message, sent=True) from exc
     try:
         signer.verify_response(response.headers, raw, headers[NONCE_HEADER])
         answer = orjson.loads(raw)

@@ -1,10 +1,15 @@
-"""POST /v1/sandbox/executions: run a program on the sandbox node, billed by wall time.
+"""POST /v1/sandbox/executions: run a program on a sandbox node, billed by wall time.
 
 Before anything is reserved, `admit` (run by the policy stage) checks that sandboxes are
 configured (else 502 sandbox_error) and loads the sandbox record: the key's project's,
 same runtime (404 not_found, 400 runtime). Its timeout fixes the hold. The handler then
-takes a free slot among `max_concurrent` (else 503 service_unavailable, retry-after: 5)
-and calls the node (502 sandbox_error; the node's own "busy" is a 503 too).
+takes a free slot on the healthy node with the most free slots (gateway.sandbox.pool) and
+calls it. A node that never got the job (its connection failed) or refused it as busy
+(another gateway instance's runs fill it) did not run it: the next node is tried. With
+no free slot left on any healthy node: 503 service_unavailable, retry-after: 5. With no
+healthy node at all: 502 sandbox_error, as for a node that cannot be reached. A job the
+node may have started is never sent again (it may have had effects): a node that fails
+then is a 502 sandbox_error, and is skipped by the next executions until it recovers.
 Any error leaves `ctx.billing` None: the hold is released in full and no receipt issued.
 A program that ran, whatever its exit, is billed: `completed` settles as `succeeded`,
 `failed` and `timed_out` as `failed`.
@@ -27,16 +32,13 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import aiohttp
 import msgspec
 import orjson
 from starlette.responses import Response
 
-from model_gateway.gateway.config import ConfigError
 from model_gateway.gateway.pricing import SandboxPricing
-from model_gateway.gateway.sandbox.client import NodeBusy, NodeError, execute_on_node, stop_on_node
-from model_gateway.gateway.sandbox.supervisor import NodeSupervisor
-from model_gateway.gateway.sandbox.wire_auth import Signer, load_shared_secret
+from model_gateway.gateway.sandbox.client import NodeBusy, NodeError, NodeUnreachable
+from model_gateway.gateway.sandbox.pool import NodePool, SandboxNode
 from model_gateway.pipeline.context import Billing, Outcome
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import (
@@ -113,28 +115,14 @@ class NodeResult(msgspec.Struct):
 
 
 class SandboxExecutions:
-    """The endpoint, and its side of the node: one pooled session, a slot count, and
-    (with `spawn = true`) the supervisor of a local node."""
+    """The endpoint, and its side of the nodes (gateway.sandbox.pool)."""
 
     def __init__(self, gateway) -> None:
         self.gateway = gateway
-        config = gateway.config
-        self.node = config.sandbox_node
-        prices = config.sandbox_pricing
+        prices = gateway.config.sandbox_pricing
         self.pricing = SandboxPricing(prices.per_execution, prices.per_second)
-        self.in_flight = 0
-        self._session: aiohttp.ClientSession | None = None
-        self._signer: Signer | None = None
-        self._supervisor: NodeSupervisor | None = None
-        if self.node is not None and self.node.spawn:
-            # Binds the node's port now: a taken one stops `gateway serve` at once.
-            secret_file = config.path(self.node.secret_file)
-            try:
-                self._supervisor = NodeSupervisor(
-                    self.node.url, secret_file, max_concurrent=self.node.max_concurrent
-                )
-            except ValueError as exc:  # not an http URL
-                raise ConfigError(str(exc)) from None
+        self.pool = NodePool(gateway.config)
+        self._started = False
 
     def routes(self) -> list[Endpoint]:
         return [
@@ -150,31 +138,15 @@ class SandboxExecutions:
         ]
 
     async def start(self) -> None:
-        if self.node is None:
-            return
-        secret_file = self.gateway.config.path(self.node.secret_file)
-        self._signer = Signer(load_shared_secret(secret_file))
-        # A connection per slot, one per slot for a stop request sent while its run holds
-        # the first, and two spare: a slot's connection may still be closing when reused.
-        connector = aiohttp.TCPConnector(limit=2 * self.node.max_concurrent + 2)
-        self._session = aiohttp.ClientSession(connector=connector)
-        if self._supervisor is not None:
-            try:
-                await self._supervisor.start()  # NodeStartError: `gateway serve` does not start
-            except BaseException:
-                await self.close()
-                raise
+        await self.pool.start()  # with spawn = true, NodeStartError: `gateway serve` fails
+        self._started = True
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._supervisor is not None:
-            await self._supervisor.stop()
-            self._supervisor = None
+        self._started = False
+        await self.pool.close()
 
     async def admit(self, ctx: RequestContext) -> None:
-        if self._session is None:
+        if not (self._started and self.pool.nodes):
             raise SandboxError("Sandboxes are not configured on this deployment.")
         execution: Execution = ctx.payload
         execution.sandbox = await self._sandbox_of(ctx, execution.request)
@@ -182,22 +154,24 @@ class SandboxExecutions:
     async def execute(self, ctx: RequestContext) -> Response:
         execution: Execution = ctx.payload
         sandbox = execution.sandbox
-        if self.in_flight >= self.node.max_concurrent:
-            raise ServiceUnavailable(
-                "Sandbox capacity is temporarily exhausted.", retry_after=CAPACITY_RETRY_AFTER_S
-            )
         execution_id = "exe_" + secrets.token_hex(12)
-        started = time.monotonic()
-        # Its own task, so that cancelling this handler leaves the node's run to be stopped
-        # and measured; the slot is freed when the node has answered, not before.
-        self.in_flight += 1
-        call = asyncio.ensure_future(self._run(execution_id, execution.request, sandbox))
-        call.add_done_callback(self._free_slot)
-        try:
-            result = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            await _despite_cancellation(self._abandon(ctx, execution_id, call, started))
-            raise
+        tried: set[SandboxNode] = set()
+        while True:
+            node = self._choose(tried)
+            started = time.monotonic()
+            # Its own task, so that cancelling this handler leaves the node's run to be
+            # stopped and measured; the slot is freed when the node has answered, not before.
+            node.in_use += 1
+            call = asyncio.ensure_future(self._run(node, execution_id, execution.request, sandbox))
+            call.add_done_callback(lambda call, node=node: _free_slot(node, call))
+            try:
+                result = await asyncio.shield(call)
+                break
+            except _NotStarted:
+                tried.add(node)
+            except asyncio.CancelledError:
+                await _despite_cancellation(self._abandon(ctx, node, execution_id, call, started))
+                raise
         raw = self._answer(ctx, execution_id, result)
         ctx.billing = Billing(
             _OUTCOMES.get(result.status, "failed"),
@@ -206,22 +180,32 @@ class SandboxExecutions:
         )
         return Response(raw, media_type=_JSON)
 
-    def _free_slot(self, call: asyncio.Future) -> None:
-        self.in_flight -= 1
-        if not call.cancelled():
-            call.exception()  # retrieved: an abandoned call's error is not "never retrieved"
+    def _choose(self, tried: set[SandboxNode]) -> SandboxNode:
+        node = self.pool.choose(tried)
+        if node is not None:
+            return node
+        if self.pool.any_healthy():  # every healthy node is full (or said it is)
+            raise ServiceUnavailable(
+                "Sandbox capacity is temporarily exhausted.", retry_after=CAPACITY_RETRY_AFTER_S
+            )
+        raise SandboxError("No sandbox node is reachable.")
 
     async def _abandon(
-        self, ctx: RequestContext, execution_id: str, call: asyncio.Future, started: float
+        self,
+        ctx: RequestContext,
+        node: SandboxNode,
+        execution_id: str,
+        call: asyncio.Future,
+        started: float,
     ) -> None:
         """The client left mid-run: stop the run on the node and bill the time it ran."""
         try:
-            await stop_on_node(self._session, self.node.url, self._signer, execution_id)
+            await node.stop(execution_id)
         except NodeError as exc:  # the connection's close below still stops it
             log.warning("execution %s: stop refused: %s", execution_id, exc)
         try:
             result = await asyncio.wait_for(asyncio.shield(call), STOP_WAIT_S)
-        except GatewayError:
+        except (GatewayError, _NotStarted):
             return  # the node did not run it (busy, failed): nothing to bill
         except TimeoutError:
             # A node that does not answer a stop in time is presumed broken: closing the
@@ -269,7 +253,11 @@ class SandboxExecutions:
         return sandbox
 
     async def _run(
-        self, execution_id: str, request: ExecutionRequest, sandbox: SandboxRecord
+        self,
+        node: SandboxNode,
+        execution_id: str,
+        request: ExecutionRequest,
+        sandbox: SandboxRecord,
     ) -> NodeResult:
         job = {
             "runtime": sandbox.runtime,
@@ -280,13 +268,16 @@ class SandboxExecutions:
             "memory_mb": sandbox.memory_mb,
         }
         try:
-            answer = await execute_on_node(self._session, self.node.url, self._signer, job)
+            answer = await node.execute(job)
         except NodeBusy:
-            raise ServiceUnavailable(
-                "Sandbox capacity is temporarily exhausted.", retry_after=CAPACITY_RETRY_AFTER_S
-            ) from None
+            raise _NotStarted() from None
+        except NodeUnreachable as exc:
+            log.warning("execution %s on %s: %s", execution_id, node.name, exc)
+            if not exc.sent:
+                raise _NotStarted() from None
+            raise SandboxError() from None
         except NodeError as exc:
-            log.warning("execution %s: %s", execution_id, exc)
+            log.warning("execution %s on %s: %s", execution_id, node.name, exc)
             raise SandboxError() from None
         try:
             result = msgspec.convert(answer, NodeResult)
@@ -297,6 +288,16 @@ class SandboxExecutions:
             log.warning("execution %s: the node answered for %s", execution_id, result.execution_id)
             raise SandboxError()
         return result
+
+
+class _NotStarted(Exception):
+    """The node did not run the job (its connection failed, or it was busy): try another."""
+
+
+def _free_slot(node: SandboxNode, call: asyncio.Future) -> None:
+    node.in_use -= 1
+    if not call.cancelled():
+        call.exception()  # retrieved: an abandoned call's error is not "never retrieved"
 
 
 # The program ran, whatever its exit: billed either way, the receipt says how it went.

@@ -158,10 +158,13 @@ def test_operator_journey(browser, gateway, tmp_path):
     # A key: shown once, with a copy button; gone after a reload.
     page.get_by_role("link", name="Keys").click()
     page.get_by_label("Name").fill("browser key")
+    expect(page.get_by_text("No key yet.")).to_be_visible()
     page.get_by_label("receipts").check()
+    page.get_by_label("agents").check()
     page.get_by_role("button", name="Create key").click()
     secret = page.locator("#reveal-value")
     expect(secret).to_have_text(re.compile(r"^proj_live_[A-Za-z0-9]{32}$"))
+    expect(page.get_by_text("No key yet.")).to_be_hidden()  # the panel shows one now
     key = secret.text_content()
     page.get_by_role("button", name="Copy").click()
     expect(page.locator(".copied")).to_be_visible()
@@ -169,6 +172,7 @@ def test_operator_journey(browser, gateway, tmp_path):
     page.reload()
     assert key not in page.content()
     expect(page.get_by_role("cell", name=key[:18])).to_be_visible()
+    expect(page.get_by_role("cell", name="agents, inference, receipts")).to_be_visible()
     used = httpx.post(gateway.url + "/v1/chat/completions", json=chat_body(), headers=bearer(key))
     assert used.status_code == 200
 

@@ -3,13 +3,15 @@ hold directly, what goes back and when."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import pytest
 
+from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
 from model_gateway.gateway.metering import current_month
-from model_gateway.pipeline.errors import BudgetExceeded
+from model_gateway.pipeline.errors import BudgetExceeded, ServiceUnavailable
 from model_gateway.storage import ProjectRecord, StorageError, open_storage
 from model_gateway.storage.base import KeyRecord, ReservationRecord, new_id
 from model_gateway.storage.sqlite import SQLiteStorage
@@ -17,8 +19,10 @@ from tests.metering.test_leases_state_machine import settlement
 
 
 @pytest.fixture
-async def storage(storage_url):
-    backend = await open_storage(storage_url)
+async def storage(fresh_storage_url):
+    # A database of its own: sweeps are global, and holds leased for `[cluster] lease_s`
+    # would expire under another test's sweep of the shared one.
+    backend = await open_storage(fresh_storage_url)
     yield backend
     await backend.close()
 
@@ -56,6 +60,24 @@ async def test_the_last_money_is_held_directly(storage):
     # Half of what is left (75) does not cover a hold of 100: no lease.
     assert isinstance(await meter.reserve(pid, kid, 100), ReservationRecord)
     assert (await storage.project_account(pid, current_month())).leased == 0
+
+
+async def test_a_fenced_instance_takes_no_hold_from_its_leases(storage):
+    """An instance that lost its registry lease may be swept by the others: its leases
+    serve nothing more, although they still have room in this process."""
+    pid, kid = await funded(storage, 1_000_000)
+    instance = Instance(storage, "leases-fence-test:1:1", lease_s=0.5)
+    await instance.start()
+    meter = LeasedMeter(storage, owner=instance.id, lease_s=0.5, instance=instance)
+    hold = await meter.reserve(pid, kid, 100)
+    assert isinstance(hold, LeaseHold) and hold.lease.free >= 100
+    await instance.stop()  # no more renewals: fenced once its lease has run out
+    await asyncio.sleep(0.6)
+    with pytest.raises(ServiceUnavailable):
+        await meter.reserve(pid, kid, 100)
+    assert hold.lease.held == 100  # nothing more taken from the lease
+    await meter.release(hold)
+    await meter.stop()  # its lease goes back: no short-lived row left for other tests
 
 
 async def test_keyless_holds_are_direct(storage):

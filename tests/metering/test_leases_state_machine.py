@@ -219,11 +219,11 @@ class LeasesMachine(RuleBasedStateMachine):
                 self.run(meter.give_back(lambda lease: True))
 
 
-def test_lease_invariants(storage_url):
+def test_lease_invariants(fresh_storage_url):  # its crashes sweep the whole database
     loop = asyncio.new_event_loop()
     handles = (
-        loop.run_until_complete(open_storage(storage_url)),
-        loop.run_until_complete(open_storage(storage_url)),
+        loop.run_until_complete(open_storage(fresh_storage_url)),
+        loop.run_until_complete(open_storage(fresh_storage_url)),
     )
     machine = type("LeasesMachineOn", (LeasesMachine,), {"loop": loop, "handles": handles})
     try:

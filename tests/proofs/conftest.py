@@ -22,6 +22,16 @@ async def storage(tmp_path):
 @pytest.fixture
 async def settle(storage):
     """settle(**fields) -> the stored ReceiptRecord, billed through a real reservation."""
+    return await biller(storage)
+
+
+@pytest.fixture
+def settle_on():
+    """settle_on(storage) -> awaitable of a `settle` of that storage (any backend)."""
+    return biller
+
+
+async def biller(storage):
     project = await add_project(storage, "secret project name")
     await storage.add_credit(project.id, 10_000_000, "2025-01")
     meter = StorageMeter(storage)

@@ -93,6 +93,15 @@ async def test_a_receipt_waiting_for_the_log_answers_202_pending(served):
     assert response.json()["receipt"]["cost"] == "0.000042"
 
 
+async def test_healthz_says_the_one_sqlite_process_is_the_log_sequencer(served):
+    gateway, client = served
+    await settled_receipt(gateway)
+    await gateway.transparency_log.integrate()
+    detail = (await client.get("/healthz")).json()["log"]
+    assert detail == {"sequencer": True, "size": 1}
+    assert "gateway_log_sequencer 1.0" in (await client.get("/metrics")).text
+
+
 async def test_the_page_answers_json_to_a_client_that_asks_only_for_json(served):
     gateway, client = served
     receipt_id = await settled_receipt(gateway)

@@ -24,6 +24,14 @@ class FakeNode:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # /healthz: healthy, so the gateway sends it jobs
+                raw = orjson.dumps({"status": "ok", "isolation": {"will_execute": True}})
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
             def do_POST(self) -> None:
                 job = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
                 result = {

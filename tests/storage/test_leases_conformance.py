@@ -3,6 +3,8 @@ admitted, counted, swept and charged against under the rules of every hold."""
 
 from __future__ import annotations
 
+import secrets
+
 import msgspec
 import pytest
 
@@ -11,14 +13,18 @@ from tests.storage.test_metering_conformance import MONTH, hold, project, receip
 
 
 @pytest.fixture
-async def storage(storage_url):
-    backend = await open_storage(storage_url)
+async def storage(fresh_storage_url):
+    # A database of its own: sweeps are global, and holds leased for `[cluster] lease_s`
+    # would expire under another test's sweep of the shared one.
+    backend = await open_storage(fresh_storage_url)
     yield backend
     await backend.close()
 
 
 def lease(pid, kid, amount, owner="test:1:1", lease_until=2**40):
-    return hold(pid, kid, amount, owner, lease_until)
+    # An id of the meter's form: a receipt stores it packed (SQLite, migration 0011).
+    record = hold(pid, kid, amount, owner, lease_until)
+    return msgspec.structs.replace(record, id="rsv_" + secrets.token_hex(12))
 
 
 async def granted(storage, record) -> str | None:

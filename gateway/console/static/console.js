@@ -2,6 +2,10 @@
 // console's JSON API (same origin, session cookie), and streams the playground.
 "use strict";
 
+// Where the console lives: "/console", or "<prefix>/console" when mounted in a host app.
+const CONSOLE = document.documentElement.dataset.console || "/console";
+const PROOFS = CONSOLE.slice(0, -"/console".length) + "/proofs/";
+
 function showError(form, message) {
   const box = form.querySelector(".form-error");
   if (box) {
@@ -26,7 +30,7 @@ async function callApi(path, method, body) {
   }
   if (!response.ok) {
     if (response.status === 401 && !path.endsWith("/login")) {
-      window.location.assign("/console/login");
+      window.location.assign(CONSOLE + "/login");
     }
     const error = data.error || {};
     throw new Error(error.message || "The request failed (" + response.status + ").");
@@ -62,6 +66,8 @@ function reveal(secret) {
   const panel = document.getElementById("reveal");
   document.getElementById("reveal-value").textContent = secret;
   panel.hidden = false;
+  // The list above is from before this key: its "No key yet." would contradict the panel.
+  document.querySelectorAll("p.empty").forEach((empty) => { empty.hidden = true; });
   panel.scrollIntoView({ block: "nearest" });
 }
 
@@ -158,12 +164,12 @@ function showReceipt(box, projectId, receiptId) {
   }
   const title = document.createElement("p");
   const link = document.createElement("a");
-  link.href = "/proofs/" + encodeURIComponent(receiptId);
+  link.href = PROOFS + encodeURIComponent(receiptId);
   link.textContent = receiptId;
   link.className = "receipt-id";
   title.append("Receipt ", link);
   box.append(title);
-  callApi("/console/api/projects/" + encodeURIComponent(projectId) + "/receipts?limit=10", "GET")
+  callApi(CONSOLE + "/api/projects/" + encodeURIComponent(projectId) + "/receipts?limit=10", "GET")
     .then((list) => {
       const receipt = list.data.find((item) => item.id === receiptId);
       if (!receipt) return;
@@ -192,7 +198,7 @@ async function play(event) {
   button.disabled = true;
   try {
     const response = await fetch(
-      "/console/api/projects/" + encodeURIComponent(projectId) + "/playground/chat/completions",
+      CONSOLE + "/api/projects/" + encodeURIComponent(projectId) + "/playground/chat/completions",
       {
         method: "POST",
         credentials: "same-origin",
@@ -249,7 +255,7 @@ function stepRow(table, position, step) {
     cell.dataset.label = labels[n];
     if (n === 7 && step.receipt_id) {
       const link = document.createElement("a");
-      link.href = "/proofs/" + encodeURIComponent(step.receipt_id);
+      link.href = PROOFS + encodeURIComponent(step.receipt_id);
       link.textContent = step.receipt_id;
       cell.append(link);
     } else if (n === 6) {
@@ -335,8 +341,8 @@ document.addEventListener("click", (event) => {
   const target = event.target.closest("button");
   if (!target) return;
   if (target.hasAttribute("data-logout")) {
-    callApi("/console/api/logout", "POST", {}).finally(() => {
-      window.location.assign("/console/login");
+    callApi(CONSOLE + "/api/logout", "POST", {}).finally(() => {
+      window.location.assign(CONSOLE + "/login");
     });
   } else if (target.dataset.post) {
     postButton(target);

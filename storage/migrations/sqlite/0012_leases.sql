@@ -44,14 +44,39 @@ BEGIN
     WHERE id = NEW.key_id;
 END;
 
--- Settlement, as before for a hold (consumed once); against a lease, the receipt takes its
--- cost out of the lease (receipt_needs_hold has checked that the lease covers it).
+-- Settlement (0011's receipt_charges on receipt_rows, ids compared in their text form):
+-- a hold is consumed once as before; against a lease, the receipt takes its cost out of
+-- the lease (receipt_needs_hold of 0011 has checked that the lease covers it). The
+-- balance, the month's spend, the ledger row and the key's last use move as in 0011.
 DROP TRIGGER receipt_charges;
-CREATE TRIGGER receipt_charges AFTER INSERT ON receipts
+CREATE TRIGGER receipt_charges AFTER INSERT ON receipt_rows
 BEGIN
-    DELETE FROM reservations WHERE id = NEW.reservation_id AND lease = 0;
+    DELETE FROM reservations WHERE id = (CASE typeof(NEW.reservation_id) WHEN 'blob'
+        THEN 'rsv_' || lower(hex(NEW.reservation_id)) ELSE NEW.reservation_id END)
+        AND lease = 0;
     UPDATE reservations SET amount = amount - NEW.cost
-    WHERE id = NEW.reservation_id AND lease = 1;
-    INSERT INTO ledger (project_id, key_id, kind, amount, month, receipt_id, created_at)
-    VALUES (NEW.project_id, NEW.key_id, 'charge', NEW.cost, NEW.month, NEW.id, NEW.created_at / 1000000);
+    WHERE id = (CASE typeof(NEW.reservation_id) WHEN 'blob'
+        THEN 'rsv_' || lower(hex(NEW.reservation_id)) ELSE NEW.reservation_id END)
+        AND lease = 1;
+    UPDATE projects SET balance = balance - NEW.cost
+    WHERE id = (CASE typeof(NEW.project_id) WHEN 'blob'
+                THEN 'prj_' || lower(hex(NEW.project_id)) ELSE NEW.project_id END);
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT CASE typeof(NEW.project_id) WHEN 'blob'
+               THEN 'prj_' || lower(hex(NEW.project_id)) ELSE NEW.project_id END,
+           coalesce(NEW.month, strftime('%Y-%m', NEW.created_at / 1000000, 'unixepoch')),
+           NEW.cost
+    WHERE true
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+    INSERT INTO month_spend (subject, month, spent)
+    SELECT CASE typeof(NEW.key_id) WHEN 'blob'
+               THEN 'key_' || lower(hex(NEW.key_id)) ELSE NEW.key_id END,
+           coalesce(NEW.month, strftime('%Y-%m', NEW.created_at / 1000000, 'unixepoch')),
+           NEW.cost
+    WHERE NEW.key_id IS NOT NULL
+    ON CONFLICT (subject, month) DO UPDATE SET spent = spent + excluded.spent;
+    INSERT INTO ledger (kind, receipt) VALUES ('charge', NEW.seq);
+    UPDATE api_keys SET last_used_us = max(coalesce(last_used_us, 0), NEW.created_at)
+    WHERE id = (CASE typeof(NEW.key_id) WHEN 'blob'
+                THEN 'key_' || lower(hex(NEW.key_id)) ELSE NEW.key_id END);
 END;

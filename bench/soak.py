@@ -1,0 +1,161 @@
+"""Soak: full metered load on a fresh gateway for N minutes, one line a minute.
+
+Chat and streamed chat, each at 32 connections with its own wrk (as bench/run.py loads
+them), against the gateway over the mock upstream, metering and the log on, on a fresh
+SQLite database. Every minute: req/s per scenario, the gateway's RSS (/proc VmRSS) and
+the database's size (file + WAL). At the end: bytes per request after a checkpoint and
+the targets of issue 14: RSS within ±5 MiB of minute 1's from then on, the last minute's
+req/s at least 0.9x the first's, at most 400 bytes a request.
+
+    .venv/bin/python bench/soak.py              # what `make soak` runs: 10 minutes
+    .venv/bin/python bench/soak.py --minutes 2  # a short trial
+
+Two cores are shared by wrk (two), the mock and the gateway: compare minutes within one
+run, not runs on different days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gateway_target import start_gateway
+from load import BENCH_DIR, WRK_THREADS, wrk_version
+from procs import StartError, memory_kib
+from run import CHAT, CHAT_STREAM, Bench, log
+from storage_size import GOAL_BYTES, checkpoint, measure
+from storage_size import render as render_size
+
+CONNECTIONS = 32
+RSS_BAND_MIB = 5
+RPS_KEEP = 0.9
+SCENARIOS = (CHAT, CHAT_STREAM)
+
+
+def wrk(url: str, auth: str, body: Path, seconds: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["wrk", f"-t{WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--timeout", "10s",
+         "-s", "post.lua", url, "--", auth, str(body)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=BENCH_DIR,
+    )  # fmt: skip
+
+
+def requests_of(output: str) -> tuple[int, int]:
+    """(requests, errors + bad answers) from post.lua's BENCH line."""
+    line = next((x for x in output.splitlines() if x.startswith("BENCH ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result: {output.strip()[-200:]}")
+    stats = json.loads(line.removeprefix("BENCH "))
+    return stats["requests"], stats["errors"] + stats["bad_status"]
+
+
+def db_mib(db: Path) -> float:
+    files = (db, db.with_name(db.name + "-wal"))
+    return sum(p.stat().st_size for p in files if p.exists()) / 2**20
+
+
+def rss_mib(pid: int) -> float:
+    return memory_kib(pid) / 1024
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average: other work on the two cores shows here."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=int, default=10)
+    parser.add_argument("--gateway", type=Path, default=Path(sys.executable).parent / "gateway")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "soak.md")
+    args = parser.parse_args()
+    if wrk_version() is None:
+        log("wrk is not installed: apt-get install -y wrk")
+        return 2
+    lines = [
+        f"Soak {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: chat and chat stream, "
+        f"{CONNECTIONS} connections each, {args.minutes} min, fresh SQLite database\n",
+        "| minute | chat req/s | chat stream req/s | RSS MiB | DB MiB | errors | load avg |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    print("\n".join(lines), flush=True)
+    rows: list[tuple[int, list[float], float]] = []
+    with tempfile.TemporaryDirectory(prefix="gateway-soak-") as name:
+        folder = Path(name)
+        bench = Bench(argparse.Namespace(chunks=8, delay_ms=0), folder, io.StringIO())
+        try:
+            mock = bench.start_script("mock", "mock_upstream.py")
+            server, key = start_gateway(args.gateway, folder / "gw", mock.url + "/v1", True)
+            bench.servers.append(server)
+            db = folder / "gw" / "gw.db"
+            bodies = []
+            for kind in SCENARIOS:
+                bodies.append(folder / f"{kind.name.replace(' ', '-')}.json")
+                bodies[-1].write_bytes(kind.data)
+            lines.append(
+                f"| 0 (idle) | | | {rss_mib(server.pid):.1f} | {db_mib(db):.1f} | |"
+                f" {load_average()} |"
+            )
+            print(lines[-1], flush=True)
+            for minute in range(1, args.minutes + 1):
+                runs = [
+                    wrk(server.url + kind.path, key, body, 60)
+                    for kind, body in zip(SCENARIOS, bodies, strict=True)
+                ]
+                counts = [requests_of(run.communicate()[0]) for run in runs]
+                if server.proc.poll() is not None:
+                    raise RuntimeError(f"the gateway exited in minute {minute}")
+                rps = [n / 60 for n, _ in counts]
+                rss = rss_mib(server.pid)
+                rows.append((minute, rps, rss))
+                lines.append(
+                    f"| {minute} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rss:.1f}"
+                    f" | {db_mib(db):.1f} | {sum(e for _, e in counts)} | {load_average()} |"
+                )
+                print(lines[-1], flush=True)
+            time.sleep(2)  # the log appends what was settled last
+            server.stop()
+        except (StartError, RuntimeError) as error:
+            log(f"aborted: {error}")
+            return 1
+        finally:
+            bench.stop()
+        checkpoint(db)
+        size = measure(db)
+    lines += ["", render_size(size), *verdicts(rows, size.per_request)]
+    text = "\n".join(lines) + "\n"
+    print("\n".join(lines[-4:]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    log(f"written to {args.out}")
+    return 0
+
+
+def verdicts(rows: list[tuple[int, list[float], float]], per_request: float) -> list[str]:
+    if len(rows) < 2:
+        return ["(too short to judge the targets: 2 minutes at least)"]
+    warm = rows[0][2]
+    drift = max(abs(rss - warm) for _, _, rss in rows[1:])
+    first, last = sum(rows[0][1]), sum(rows[-1][1])
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    return [
+        f"- RSS within ±{RSS_BAND_MIB} MiB of minute 1 ({warm:.1f} MiB): largest gap "
+        f"{drift:.1f} MiB: {verdict(drift <= RSS_BAND_MIB)}",
+        f"- last minute >= {RPS_KEEP}x the first (both scenarios): {last:,.0f} / {first:,.0f}"
+        f" = {last / first:.2f}: {verdict(last >= RPS_KEEP * first)}",
+        f"- storage <= {GOAL_BYTES} bytes a request: {per_request:.0f}:"
+        f" {verdict(per_request <= GOAL_BYTES)}",
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""A chat stream passed through: the upstream speaks chat, so its events go out as they
+came, byte for byte, but for what the client must see differently.
+
+Per event (gateway.providers.chat_events has decoded and checked it), only bytes
+operations: the upstream's model name becomes the gateway's model id by replacing the
+one `"model":"<upstream name>"` the event holds, and `,"usage":null` (the upstream was
+asked for usage) is cut when the client did not ask for it. An event that cannot be
+treated so (its framing re-rendered, its fields not where expected, the usage chunk when
+the client does not get it or gets the gateway's counts) is decoded and rendered as
+`ChatRenderer` renders it. A key `"model":` or `"usage":` can only be a key in JSON text
+(inside a string its quotes are escaped), so a count of one finds the field itself.
+
+The delivered text is kept as each event's JSON and decoded only when it is needed: usage
+that never came or that is broken, a cancel, a failure.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import orjson
+
+from model_gateway.gateway.inference.renderers import ChatStream
+from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
+from model_gateway.gateway.providers.chat_events import ChatEvent
+
+_NULL_USAGE = b',"usage":null'
+_BLANK_LINE = b"\n\n"
+
+
+class ChatPassThrough(ChatStream):
+    def __init__(self, model_id: str, include_usage: bool, prompt: str) -> None:
+        super().__init__(model_id, include_usage, prompt)
+        self._ours = b'"model":' + orjson.dumps(model_id)
+        self._upstream_name: str | None = None
+        self._theirs = b""  # `"model":"<upstream name>"`
+
+    def feed(self, batch: list[ChatEvent]) -> bytes:
+        out: list[bytes] = []
+        for event in batch:
+            block = self._passed(event)
+            if block is None:
+                out.append(self.render(orjson.loads(event.data)))
+            else:
+                self._output.append(event.data)
+                out += (block, _BLANK_LINE)
+        return b"".join(out)
+
+    def _passed(self, event: ChatEvent) -> bytes | None:
+        """The event's bytes as the client gets them, or None: render it."""
+        chunk, block = event.chunk, event.block
+        if block is None:
+            return None
+        if not self.include_usage and not chunk.choices:
+            return None  # the client gets nothing of it; usage it carries is billed
+        usage = chunk.usage
+        if usage:  # the usage chunk: passed only to who asked, and when shown as it came
+            shown = shown_usage(usage, self.prompt, self.output_text, CHAT_KEYS)
+            if not self.include_usage or shown is not usage:
+                return None
+            self._usage = usage
+        elif not self.include_usage and usage is not msgspec.UNSET:
+            if usage is not None or block.count(_NULL_USAGE) != 1:
+                return None
+            block = block.replace(_NULL_USAGE, b"")
+        return self._renamed(block, chunk.model)
+
+    def _renamed(self, block: bytes, model) -> bytes | None:
+        if model == self.model_id:
+            return block
+        if type(model) is not str:
+            return None
+        if model != self._upstream_name:
+            self._upstream_name, self._theirs = model, b'"model":' + orjson.dumps(model)
+        if block.count(self._theirs) != 1:
+            return None
+        return block.replace(self._theirs, self._ours)

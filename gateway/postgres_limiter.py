@@ -1,0 +1,49 @@
+"""Requests per minute in PostgreSQL, exact across every instance sharing the database.
+
+One round trip per request: `rate_limit_take` (migration 0008) locks the request's buckets
+in name order, reads the database's clock, and takes from all of them or from none. A
+pruner, off the request path, deletes the buckets whose arrival time is past every minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from model_gateway.gateway.limiter import StoreHealth
+from model_gateway.storage import StorageError
+from model_gateway.storage.postgres import PostgresStorage
+
+log = logging.getLogger("gateway")
+
+PRUNE_EVERY_S = 60.0
+
+
+class PostgresGcra:
+    def __init__(self, storage: PostgresStorage, health: StoreHealth) -> None:
+        self._storage = storage
+        self._health = health
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
+
+    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
+        try:
+            wait = await self._storage.take_rate_limits(list(buckets))
+        except StorageError as exc:
+            raise self._health.failed(exc) from None
+        self._health.answered()
+        return wait
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_EVERY_S)
+            try:
+                await self._storage.prune_rate_limits()
+            except StorageError as exc:
+                log.warning("rate limits: pruning old buckets failed (%s)", exc)
+
+    async def close(self) -> None:
+        self._pruner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pruner

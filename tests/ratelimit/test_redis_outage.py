@@ -1,0 +1,103 @@
+"""A Redis that does not answer: keyed requests get 503 service_unavailable with
+`retry-after` (the spec's answer for an unavailable dependency), never a 500 and never a
+request let through unchecked; when Redis answers again, so does the gateway. A real
+gateway process and a real redis-server of the test's own, started and killed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+import redis
+
+from tests.storage.backends import in_ci
+from tests.support.gateway_process import GatewayProcess, free_port
+
+CHAT = {"model": "echo-1", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class RedisServer:
+    def __init__(self, port: int, password: str) -> None:
+        self.port, self.password = port, password
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                self.password,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, password=self.password)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def redis_server():
+    if shutil.which("redis-server") is None:
+        if in_ci():
+            pytest.fail("CI=true and no redis-server installed: the Redis cases must run in CI")
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(free_port(), "s3cret-pass")
+    yield server
+    server.kill()
+
+
+@pytest.mark.redis
+def test_an_unreachable_redis_gives_503_never_a_pass_or_a_500(tmp_path, redis_server):
+    url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0"
+    with GatewayProcess(tmp_path, extra_config=f'\n[ratelimit]\nurl = "{url}"\n') as gateway:
+        project = gateway.create_project("outage")
+        gateway.cli("credit", "add", "--project", project, "1.00")
+        key = gateway.create_key(project, "inference", "--rpm", "1")
+
+        def chat() -> httpx.Response:
+            return httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json=CHAT,
+                headers={"authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+
+        def assert_unavailable(response: httpx.Response) -> None:
+            assert response.status_code == 503
+            assert response.json()["error"]["type"] == "service_unavailable"
+            assert response.headers["retry-after"] == "1"
+            assert "x-receipt-id" not in response.headers  # nothing ran, nothing billed
+
+        assert_unavailable(chat())  # never started: refused, not let through
+        redis_server.start()
+        assert chat().status_code == 200
+        assert chat().status_code == 429  # 1 rpm, counted in Redis
+        redis_server.kill()
+        assert_unavailable(chat())  # the pooled connection died with the server
+        log = gateway.log()
+    assert "not answering" in log and "answers again" in log
+    assert "s3cret-pass" not in log
+    assert "Traceback" not in log
