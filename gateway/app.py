@@ -17,6 +17,7 @@ from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.leased_meter import LeasedMeter
 from model_gateway.gateway.limiter import Limiter, open_limiter
 from model_gateway.gateway.logs import AccessLog
 from model_gateway.gateway.metering import StorageMeter, process_owner
@@ -68,7 +69,8 @@ class Gateway:
         await self.instance.start()  # registered and leased before anything is served
         self.keyring = KeyRing(self.storage, pepper, self.instance)
         self.limiter = await open_limiter(self.config, self.storage)
-        self.meter = StorageMeter(
+        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
+        self.meter = meter_class(
             self.storage, self.metrics, owner=owner, lease_s=lease_s, instance=self.instance
         )
         await self.meter.start()

@@ -107,6 +107,7 @@ async def project_view(storage, project: ProjectRecord) -> dict:
         "monthly_budget": _amount(project.monthly_budget),
         "month_spend": format_amount(account.month_spend),
         "reserved": format_amount(account.reserved),
+        "leased": format_amount(account.leased),
         "rpm": project.rpm,
         "allow_models": project.allow_models,
         "exclude_models": project.exclude_models,

@@ -100,6 +100,8 @@ class MetricsConfig(_Section):
 class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
+    # Requests reserve in memory against slices this process leased (gateway/leased_meter.py).
+    leases: bool = False
 
 
 class ConsoleConfig(_Section):

@@ -140,8 +140,9 @@ class TreeHeadRecord(msgspec.Struct, kw_only=True):
 
 class Account(msgspec.Struct, kw_only=True):
     balance: int
-    reserved: int
+    reserved: int  # held by requests (their own holds); leases apart
     month_spend: int
+    leased: int = 0  # held by serving processes' leases, not yet charged (migration 0012)
 
 
 class Audit(msgspec.Struct, kw_only=True):
@@ -353,7 +354,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def project_account(self, project_id: str, month: str) -> Account:
-        """Balance, open reservations and the month's spend of a project (RecordNotFound)."""
+        """Balance, open reservations, open leases and the month's spend of a project
+        (RecordNotFound)."""
 
     @abc.abstractmethod
     async def key_month_spend(self, key_id: str, month: str) -> int:
@@ -639,6 +641,39 @@ class Storage(abc.ABC):
         """Fail running runs whose lease expired or whose owner is dead (`owner_alive` as
         in release_abandoned), releasing their holds; return their ids."""
         raise NotImplementedError
+
+    # -- Leases (migration 0012, gateway/leased_meter.py) ----------------------------------
+    # A lease is a reservation row flagged `lease`, owned by a serving process: admitted,
+    # counted, renewed and swept like any hold; `settle` charges a receipt against it
+    # (receipt.reservation_id = the lease's id) by taking the cost out of it.
+
+    @abc.abstractmethod
+    async def grant_lease(self, lease: ReservationRecord) -> None:
+        """Hold `lease.amount` for its owner as a lease, under every rule a reservation
+        meets, in one atomic write (LimitReached)."""
+
+    @abc.abstractmethod
+    async def return_lease(self, lease_id: str, amount: int) -> bool:
+        """Give back `amount` of a lease (0 answers a recall); False, nothing changed,
+        when the lease is gone or holds less. Ending a lease is `release(lease_id)`."""
+
+    @abc.abstractmethod
+    async def recall_leases(self, project_id: str, owner: str) -> int:
+        """Ask every other owner to give back what its leases of the project do not use;
+        how many leases were asked."""
+
+    @abc.abstractmethod
+    async def pending_recalls(self, project_id: str, owner: str) -> int:
+        """How many leases of the project that other owners hold are asked for and not
+        yet answered."""
+
+    @abc.abstractmethod
+    async def recalled_leases(self, owner: str) -> list[str]:
+        """The ids of the owner's leases that another process asked for."""
+
+    @abc.abstractmethod
+    async def lease_audit(self, project_id: str) -> tuple[int, int]:
+        """The project's `leased` counter and the sum of its open leases."""
 
 
 class InstanceRecord(msgspec.Struct, kw_only=True):

@@ -708,7 +708,8 @@ class PostgresStorage(Storage):
     async def project_account(self, project_id: str, month: str) -> Account:
         row = await self._run(
             lambda c: c.fetchrow(
-                "SELECT p.balance, p.reserved, COALESCE(m.spent, 0) AS spent FROM projects p"
+                "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent"
+                " FROM projects p"
                 " LEFT JOIN month_spend m ON m.subject = p.id AND m.month = $1 WHERE p.id = $2",
                 month,
                 project_id,
@@ -716,7 +717,12 @@ class PostgresStorage(Storage):
         )
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
-        return Account(balance=row["balance"], reserved=row["reserved"], month_spend=row["spent"])
+        return Account(
+            balance=row["balance"],
+            reserved=row["reserved"] - row["leased"],  # requests' own holds
+            month_spend=row["spent"],
+            leased=row["leased"],
+        )
 
     async def key_month_spend(self, key_id: str, month: str) -> int:
         spent = await self._run(
@@ -1630,6 +1636,80 @@ class PostgresStorage(Storage):
             if await self._fail_run(run_id, dead, now, error):
                 failed.append(run_id)
         return failed
+
+    # -- Leases (migrations/postgres/0012_leases.sql): each write one autocommit statement
+
+    async def grant_lease(self, lease: ReservationRecord) -> None:
+        r = lease
+        # The trigger `reservation_admits` locks, checks and holds, as for any hold.
+        await self._run(
+            lambda c: c.execute(
+                "INSERT INTO reservations (id, project_id, key_id, amount, month, owner,"
+                " lease_until, created_at, lease) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, true)",
+                r.id,
+                r.project_id,
+                r.key_id,
+                r.amount,
+                r.month,
+                r.owner,
+                r.lease_until,
+                r.created_at,
+            )
+        )
+
+    async def return_lease(self, lease_id: str, amount: int) -> bool:
+        status = await self._run(
+            lambda c: c.execute(
+                "UPDATE reservations SET amount = amount - $2, recalled = false"
+                " WHERE id = $1 AND lease AND amount >= $2",
+                lease_id,
+                amount,
+            )
+        )
+        return bool(status == "UPDATE 1")
+
+    async def recall_leases(self, project_id: str, owner: str) -> int:
+        status = await self._run(
+            lambda c: c.execute(
+                "UPDATE reservations SET recalled = true"
+                " WHERE project_id = $1 AND lease AND owner <> $2 AND NOT recalled",
+                project_id,
+                owner,
+            )
+        )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def pending_recalls(self, project_id: str, owner: str) -> int:
+        pending = await self._run(
+            lambda c: c.fetchval(
+                "SELECT count(*) FROM reservations"
+                " WHERE project_id = $1 AND lease AND owner <> $2 AND recalled",
+                project_id,
+                owner,
+            )
+        )
+        return int(pending)
+
+    async def recalled_leases(self, owner: str) -> list[str]:
+        rows = await self._run(
+            lambda c: c.fetch(
+                "SELECT id FROM reservations WHERE owner = $1 AND lease AND recalled", owner
+            )
+        )
+        return [row["id"] for row in rows]
+
+    async def lease_audit(self, project_id: str) -> tuple[int, int]:
+        row = await self._run(
+            lambda c: c.fetchrow(
+                "SELECT p.leased, (SELECT COALESCE(SUM(amount), 0) FROM reservations"
+                "  WHERE project_id = p.id AND lease)::bigint AS held"
+                " FROM projects p WHERE p.id = $1",
+                project_id,
+            )
+        )
+        if row is None:
+            raise RecordNotFound(f"no project {project_id}")
+        return int(row["leased"]), int(row["held"])
 
     # --- requests per minute, shared by every instance (migration 0008) ---------------
 

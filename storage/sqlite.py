@@ -657,7 +657,7 @@ class SQLiteStorage(Storage):
 
     async def project_account(self, project_id: str, month: str) -> Account:
         row = await self._fetchone(
-            "SELECT p.balance, p.reserved, COALESCE(m.spent, 0) AS spent FROM projects p"
+            "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent FROM projects p"
             " LEFT JOIN month_spend m ON m.subject = p.id AND m.month = ? WHERE p.id = ?",
             (month, project_id),
         )
@@ -665,8 +665,9 @@ class SQLiteStorage(Storage):
             raise RecordNotFound(f"no project {project_id}")
         return Account(
             balance=int(row["balance"]),
-            reserved=int(row["reserved"]),
+            reserved=int(row["reserved"]) - int(row["leased"]),  # requests' own holds
             month_spend=int(row["spent"]),
+            leased=int(row["leased"]),
         )
 
     async def key_month_spend(self, key_id: str, month: str) -> int:
@@ -1371,6 +1372,55 @@ class SQLiteStorage(Storage):
             (start, end),
         )
         return [(row["log_leaf_index"], _receipt(row)) for row in rows]
+
+    # -- Leases (migrations/sqlite/0012_leases.sql): every write one group-committed statement
+
+    async def grant_lease(self, lease: ReservationRecord) -> None:
+        r = lease
+        await self._write(
+            "INSERT INTO reservations (id, project_id, key_id, amount, month, owner, lease_until,"
+            " created_at, lease) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+            (r.id, r.project_id, r.key_id, r.amount, r.month, r.owner, r.lease_until, r.created_at),
+        )
+
+    async def return_lease(self, lease_id: str, amount: int) -> bool:
+        returned = await self._write(
+            "UPDATE reservations SET amount = amount - ?, recalled = 0"
+            " WHERE id = ? AND lease = 1 AND amount >= ?",
+            (amount, lease_id, amount),
+        )
+        return returned == 1
+
+    async def recall_leases(self, project_id: str, owner: str) -> int:
+        return await self._write(
+            "UPDATE reservations SET recalled = 1"
+            " WHERE project_id = ? AND lease = 1 AND owner <> ? AND recalled = 0",
+            (project_id, owner),
+        )
+
+    async def pending_recalls(self, project_id: str, owner: str) -> int:
+        row = await self._fetchone(
+            "SELECT count(*) FROM reservations"
+            " WHERE project_id = ? AND lease = 1 AND owner <> ? AND recalled = 1",
+            (project_id, owner),
+        )
+        return 0 if row is None else int(row[0])
+
+    async def recalled_leases(self, owner: str) -> list[str]:
+        rows = await self._fetchall(
+            "SELECT id FROM reservations WHERE owner = ? AND lease = 1 AND recalled = 1", (owner,)
+        )
+        return [row["id"] for row in rows]
+
+    async def lease_audit(self, project_id: str) -> tuple[int, int]:
+        row = await self._fetchone(
+            "SELECT p.leased, (SELECT COALESCE(SUM(amount), 0) FROM reservations"
+            "  WHERE project_id = p.id AND lease = 1) AS held FROM projects p WHERE p.id = ?",
+            (project_id,),
+        )
+        if row is None:
+            raise RecordNotFound(f"no project {project_id}")
+        return int(row["leased"]), int(row["held"])
 
 
 def _user(row: sqlite3.Row) -> UserRecord:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.metering.billing import books, chat, micros, receipt_cost
+from tests.support.gateway_process import GatewayProcess
 
 # Each request holds ~0.0006 (body bytes + 50 output tokens) but costs ~0.0002.
 REQUEST = chat(content="word " * 200, max_tokens=50)
@@ -26,16 +27,33 @@ async def fire(url: str, key: str, n: int = 60) -> list[httpx.Response]:
         )
 
 
+@pytest.fixture(scope="module")
+def leased_gateway(tmp_path_factory):
+    """A gateway whose requests reserve against leased slices (gateway/leased_meter.py)."""
+    config = "\n[metering]\nleases = true\n"
+    with GatewayProcess(tmp_path_factory.mktemp("leases"), extra_config=config) as process:
+        yield process
+
+
+@pytest.fixture(params=["holds", "leases"])
+def metered(request):
+    """The same rules with every request's own hold and with leased slices."""
+    return request.getfixturevalue("gateway" if request.param == "holds" else "leased_gateway")
+
+
 @pytest.mark.parametrize(
     ("project_options", "key_options", "refusal"),
     [
         (["--balance", "0.001"], [], "insufficient_balance"),
         (["--balance", "10", "--budget", "0.001"], [], "budget_exceeded"),
         (["--balance", "10"], ["--monthly-limit", "0.001"], "budget_exceeded"),
+        # Enough for slices of several holds: leased, then short of money.
+        (["--balance", "0.01"], [], "insufficient_balance"),
     ],
-    ids=["balance", "project-budget", "key-monthly-limit"],
+    ids=["balance", "project-budget", "key-monthly-limit", "balance-for-slices"],
 )
-async def test_parallel_requests_never_overspend(gateway, project_options, key_options, refusal):
+async def test_parallel_requests_never_overspend(metered, project_options, key_options, refusal):
+    gateway = metered
     project = gateway.create_project("race", *project_options)
     key = gateway.create_key(project, "inference,receipts", *key_options)
     before = books(gateway, project)

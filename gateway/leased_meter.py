@@ -1,0 +1,429 @@
+"""The `Meter` with leases (`[metering] leases = true`): requests reserve in memory against
+slices of money this process leased, so a request writes one row set, its settlement.
+
+Rules
+-----
+- A lease is a hold owned by this process (`reservations` row with `lease`, migration
+  0012) for one (project, key, month). It is granted by one INSERT that the reservation
+  trigger admits like any hold: the key's monthly limit, the project's monthly budget
+  (spend + holds + leases) and the available balance (balance - holds - leases), so a
+  lease never takes money a hold could not.
+- A request's hold is taken from a lease of its (project, key, month) whose free part
+  (what is left of it minus the holds taken from it) covers the hold: no SQL. Its
+  settlement is the receipt as today, through group commit, charged against the lease:
+  the receipt trigger writes the ledger charge and takes the cost out of the lease, in
+  the one statement, and refuses a cost the lease no longer covers. Its release is in
+  memory only.
+- Short of slice, the process grows: it grants a new lease of a second's worth of the
+  slot's holds (at least `SLICE_HOLDS` holds like this one), but never more than half of
+  what is left under the tightest of the three limits. When half of what is left does
+  not cover the hold, the request takes a direct hold as today (the threshold rule: the
+  last money of a project is never leased, so a small balance works with any number of
+  processes).
+- A direct hold that is refused first gets the money leases keep from it: this process
+  gives back the free part of its leases of the project, then recalls the other
+  processes' leases of the project (a flag on their rows, which each process polls every
+  `POLL_S`) and waits for their answers at most `RECALL_WAIT_S`, then tries once more.
+  A process that answers gives back the free part of the recalled lease, takes no new
+  hold from it, and serves that project by direct holds for `COOL_DOWN_S`. So a request
+  is refused only when the holds of requests in flight, wherever they are, leave too
+  little: today's rule (a dead process's leases wait for the sweeper, as its holds do).
+- A fenced instance (gateway/instance.py: it lost its registry lease) takes no hold,
+  from a lease or direct: the others may be sweeping its leases.
+- Requests without a key (hosted agents' steps, whose holds the run tracks by id) always
+  take direct holds.
+- Leases go back when unused for `IDLE_S`, on shutdown, and after any admin change (a
+  new budget or limit applies to the next hold, as it does today); a lease that still
+  has requests in flight gives back its free part and ends when the last one closes.
+
+Invariants (checked by tests/metering/test_leases_state_machine.py)
+-------------------------------------------------------------------
+- balance = credits - Σ charges (the ledger), charges never above a request's hold.
+- `reserved` counter = Σ open rows (holds and leases), `leased` = Σ open leases; what
+  `project_account` shows as reserved is the requests' own holds, leases apart.
+- In this process, for each lease: holds taken from it ≤ what is left of it in the
+  database; so the money a process can spend is what it leased, and a lease's owner is
+  the only one that charges against it (its id never leaves the process).
+- Spend + holds + leases ≤ budget and limit, holds + leases ≤ balance, as for holds.
+
+Crash
+-----
+A killed process leaves its leases as it leaves its holds: counted, never charged. The
+same sweeper (`release_abandoned`: the owner's process is gone, its instance's registry
+lease ended, or its own lease, `[cluster] lease_s`, expired) deletes them, at the
+restart of this process or from any other; the requests it had in flight were never
+charged (their settlement is one statement: committed or not). Every
+settlement is committed before the response's last byte, as today. A settlement that
+raises (committed or not, the process cannot tell) retires its lease: what the lease's
+other requests hold stays covered whichever it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from model_gateway.gateway.metering import StorageMeter, receipt_record
+from model_gateway.pipeline.context import Settlement
+from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
+from model_gateway.pipeline.ports import Reserved
+from model_gateway.storage import LimitReached, ReservationRecord
+
+log = logging.getLogger("gateway.metering")
+
+POLL_S = 0.05  # how often a process looks for recalls of its leases
+IDLE_S = 2.0  # a lease unused this long goes back
+RECALL_WAIT_S = 1.0  # how long a refused request waits for other processes' answers
+COOL_DOWN_S = 5.0  # after answering a recall, the project is served by direct holds
+SLICE_HOLDS = 8  # a new lease covers at least this many holds like the one that asked
+SHARE = 2  # a lease takes at most 1/SHARE of what is left under the tightest limit
+DEMAND_WINDOW_S = 1.0
+
+Slot = tuple[str, str, str]  # project, key, month
+
+
+class Lease:
+    __slots__ = ("gone", "held", "record", "remaining", "retired", "slot", "used_at")
+
+    def __init__(self, record: ReservationRecord, slot: Slot) -> None:
+        self.record = record
+        self.slot = slot
+        self.remaining = record.amount  # what the database has left of it (or less)
+        self.held = 0  # holds taken from it, not yet settled or released
+        self.retired = False  # takes no new hold; ends when its last hold closes
+        self.gone = False  # ended in the database
+        self.used_at = time.monotonic()
+
+    @property
+    def free(self) -> int:
+        return self.remaining - self.held
+
+
+class LeaseHold:
+    """A request's hold taken from a lease: exists only in this process."""
+
+    __slots__ = ("amount", "id", "lease")
+
+    def __init__(self, hold_id: str, amount: int, lease: Lease) -> None:
+        self.id = hold_id
+        self.amount = amount
+        self.lease = lease
+
+
+class _Demand:
+    """The holds a slot asked for over the last window, and its last grant: how big its
+    next lease is (a slot that spent its last lease within the window gets twice as much,
+    so a burst costs a few grants, not one per `SLICE_HOLDS` holds)."""
+
+    __slots__ = ("current", "granted", "granted_at", "previous", "started")
+
+    def __init__(self) -> None:
+        self.started, self.previous, self.current = time.monotonic(), 0, 0
+        self.granted, self.granted_at = 0, 0.0
+
+    def add(self, amount: int) -> None:
+        now = time.monotonic()
+        if now - self.started >= DEMAND_WINDOW_S:
+            fresh = now - self.started < 2 * DEMAND_WINDOW_S
+            self.started, self.previous, self.current = now, self.current if fresh else 0, 0
+        self.current += amount
+
+    def wanted(self, amount: int) -> int:
+        recent = time.monotonic() - self.granted_at < DEMAND_WINDOW_S
+        doubled = 2 * self.granted if recent else 0
+        return max(amount * SLICE_HOLDS, self.previous, self.current, doubled)
+
+    def grant(self, size: int) -> None:
+        self.granted, self.granted_at = size, time.monotonic()
+
+
+class LeasedMeter(StorageMeter):
+    def __init__(
+        self,
+        *args: Any,
+        poll_s: float = POLL_S,
+        idle_s: float = IDLE_S,
+        recall_wait_s: float = RECALL_WAIT_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.poll_s, self.idle_s, self.recall_wait_s = poll_s, idle_s, recall_wait_s
+        self.slots: dict[Slot, list[Lease]] = {}
+        self._demand: dict[Slot, _Demand] = {}
+        self._growing: dict[Slot, asyncio.Lock] = {}
+        self._cooling: dict[str, float] = {}  # project -> monotonic time it may lease again
+        self._retired: set[Lease] = set()
+        self._holds = itertools.count()
+        self._epoch: Hashable = self.storage.admin_epoch()
+        self._keeper: asyncio.Task[None] | None = None
+        self._month, self._month_ends = "", 0.0
+
+    def _current_month(self) -> str:
+        """`current_month()`, formatted once a month (the UTC month's end is known)."""
+        if time.time() >= self._month_ends:
+            now = datetime.now(UTC)
+            self._month = now.strftime("%Y-%m")
+            following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+            self._month_ends = following.timestamp()
+        return self._month
+
+    async def start(self) -> None:
+        await super().start()
+        self._keeper = asyncio.create_task(self._keep_forever())
+
+    async def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(self._keeper, return_exceptions=True)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.give_back(lambda lease: True)
+            except Exception:
+                log.exception("could not give leases back; the sweeper will")
+        await super().stop()
+
+    # -- the Meter port -----------------------------------------------------------------
+
+    async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+        if self.instance is not None:  # a fenced instance serves nothing, leases included
+            self.instance.check_serving()
+        if key_id is None or self._cooling.get(project_id, 0.0) > time.monotonic():
+            return await self._direct(project_id, key_id, amount)
+        epoch = self.storage.admin_epoch()
+        if epoch != self._epoch:  # new limits or budgets apply from this hold on
+            self._epoch = epoch
+            self._retire_all()
+            return await self._direct(project_id, key_id, amount)
+        slot = (project_id, key_id, self._current_month())
+        demand = self._demand.get(slot)
+        if demand is None:
+            demand = self._demand[slot] = _Demand()
+        demand.add(amount)
+        lease = self._take(slot, amount) or await self._grow(slot, amount, demand)
+        if lease is None:
+            return await self._direct(project_id, key_id, amount)
+        lease.held += amount
+        self.open_holds += 1
+        return LeaseHold(f"{lease.record.id}:{next(self._holds)}", amount, lease)
+
+    async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
+        if not isinstance(reservation, LeaseHold):
+            await super().settle(reservation, settlement)
+            return
+        lease = reservation.lease
+        try:
+            # The lease covers the cost; the request's own hold is checked here.
+            charged = settlement.cost <= reservation.amount and await self.storage.settle(
+                receipt_record(lease.record, settlement)
+            )
+        except BaseException:
+            # Committed or not, we cannot tell: the lease takes no new hold, so what its
+            # other requests hold stays covered either way. The hold stays open.
+            self._retire(lease)
+            raise
+        lease.held -= reservation.amount
+        self.open_holds -= 1
+        if charged:
+            lease.remaining -= settlement.cost
+        else:
+            log.error("lease %s did not cover a settlement; not charged", lease.record.id)
+            self._retire(lease)  # gone (swept) or short: it takes no new hold
+        if self.metrics is not None:
+            self.metrics.charged(settlement)
+
+    async def release(self, reservation: Reserved) -> None:
+        if not isinstance(reservation, LeaseHold):
+            await super().release(reservation)
+            return
+        reservation.lease.held -= reservation.amount
+        self.open_holds -= 1
+
+    # -- taking and growing ---------------------------------------------------------------
+
+    def _take(self, slot: Slot, amount: int) -> Lease | None:
+        for lease in self.slots.get(slot, ()):
+            if lease.free >= amount:
+                lease.used_at = time.monotonic()
+                return lease
+        return None
+
+    async def _grow(self, slot: Slot, amount: int, demand: _Demand) -> Lease | None:
+        """A new lease for the slot, or None when half of what is left would not cover
+        the hold (or the grant lost a race): the request then holds directly."""
+        lock = self._growing.get(slot)
+        if lock is None:
+            lock = self._growing[slot] = asyncio.Lock()
+        async with lock:
+            lease = self._take(slot, amount)  # another request grew it meanwhile
+            if lease is not None:
+                return lease
+            project_id, key_id, month = slot
+            figures = await self.storage.limit_figures(project_id, key_id, month)
+            size = min(demand.wanted(amount), _room(figures) // SHARE)
+            if size < max(amount, 1):
+                return None
+            now = int(time.time())
+            record = ReservationRecord(
+                # The form of a hold's id, stored in 12 bytes by a receipt (migration 0011).
+                id="rsv_" + secrets.token_hex(12),
+                project_id=project_id,
+                key_id=key_id,
+                amount=size,
+                month=month,
+                owner=self.owner,
+                lease_until=self._lease_until(),
+                created_at=now,
+            )
+            try:
+                await self.storage.grant_lease(record)
+            except LimitReached:
+                return None
+            demand.grant(size)
+            # The slot's other leases could not cover this hold: they take no more, give
+            # back what is free and end when their requests close.
+            for short in list(self.slots.get(slot, ())):
+                self._retire(short)
+            lease = Lease(record, slot)
+            self.slots.setdefault(slot, []).append(lease)
+            return lease
+
+    async def _direct(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+        """Today's atomic hold; refused, it first gets back what leases keep from it."""
+        try:
+            return await super().reserve(project_id, key_id, amount)
+        except (InsufficientBalance, BudgetExceeded):
+            # Once more in every case: a lease another process ended on its own while we
+            # were refused is not recalled, but its money is back all the same.
+            await self._make_room(project_id)
+        return await super().reserve(project_id, key_id, amount)
+
+    async def _make_room(self, project_id: str) -> None:
+        """Give back this process's free leased money of the project and ask the others
+        for theirs, waiting at most `recall_wait_s` for their answers."""
+        await self.give_back(lambda lease: lease.record.project_id == project_id)
+        await self.storage.recall_leases(project_id, self.owner)
+        pending = await self.storage.pending_recalls(project_id, self.owner)
+        deadline = time.monotonic() + self.recall_wait_s
+        while pending and time.monotonic() < deadline:
+            await asyncio.sleep(self.poll_s)
+            pending = await self.storage.pending_recalls(project_id, self.owner)
+
+    # -- giving back ----------------------------------------------------------------------
+
+    async def give_back(self, which: Callable[[Lease], bool]) -> int:
+        """Retire the leases `which(lease)` picks and give back their free part now (the
+        rest when their requests close); how much went back."""
+        returned = 0
+        leases = [lease for leases in self.slots.values() for lease in leases]
+        for lease in [*leases, *self._retired]:
+            if which(lease):
+                self._retire(lease)
+                returned += await self._return_free(lease)
+        return returned
+
+    def _retire(self, lease: Lease) -> None:
+        if lease.retired:
+            return
+        lease.retired = True
+        leases = self.slots[lease.slot]
+        leases.remove(lease)
+        if not leases:
+            del self.slots[lease.slot]
+        self._retired.add(lease)
+
+    def _retire_all(self) -> None:
+        for leases in list(self.slots.values()):
+            for lease in list(leases):
+                self._retire(lease)
+
+    async def _return_free(self, lease: Lease, *, answer: bool = False) -> int:
+        """End a retired lease without holds; else give back its free part (even 0 when
+        it answers a recall: that clears the flag)."""
+        if lease.gone:
+            return 0
+        if lease.held == 0:
+            remaining, lease.gone = lease.remaining, True
+            self._retired.discard(lease)
+            await self.storage.release(lease.record.id)
+            return remaining
+        free = lease.free
+        if (free or answer) and await self.storage.return_lease(lease.record.id, free):
+            lease.remaining -= free
+            return free
+        return 0
+
+    # -- housekeeping ---------------------------------------------------------------------
+
+    async def _keep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.keep()
+            except Exception:
+                log.exception("lease housekeeping failed; retrying")
+
+    async def keep(self) -> None:
+        """One turn: answer recalls, give back idle leases, end retired ones whose last
+        request closed."""
+        if self.slots or self._retired:
+            await self._answer_recalls()
+        idle_since = time.monotonic() - self.idle_s
+        await self.give_back(lambda lease: lease.used_at < idle_since)
+        for lease in [lease for lease in self._retired if lease.held == 0]:
+            await self._return_free(lease)
+        self._forget_quiet_slots()
+
+    def _forget_quiet_slots(self) -> None:
+        """Memory stays flat however many keys and months come and go."""
+        now = time.monotonic()
+        quiet = [
+            slot
+            for slot, demand in self._demand.items()
+            if slot not in self.slots and now - demand.started > 2 * DEMAND_WINDOW_S
+        ]
+        for slot in quiet:
+            del self._demand[slot]
+            lock = self._growing.get(slot)
+            if lock is not None and not lock.locked():
+                del self._growing[slot]
+        for project_id in [p for p, until in self._cooling.items() if until < now]:
+            del self._cooling[project_id]
+
+    async def _answer_recalls(self) -> None:
+        recalled = set(await self.storage.recalled_leases(self.owner))
+        if not recalled:
+            return
+        known = {lease.record.id: lease for lease in self._retired}
+        known.update({lease.record.id: lease for ls in self.slots.values() for lease in ls})
+        for lease_id in recalled:
+            lease = known.get(lease_id)
+            if lease is None:  # ended meanwhile: nothing to give
+                continue
+            self._cooling[lease.record.project_id] = time.monotonic() + COOL_DOWN_S
+            self._retire(lease)
+            await self._return_free(lease, answer=True)  # clears its flag, or ends it
+
+
+def _room(figures: dict[str, int | None]) -> int:
+    """What is left under the tightest of the balance, the budget and the key's limit."""
+
+    def left(limit: int | None, spent: int | None, held: int | None) -> int | None:
+        return None if limit is None else limit - (spent or 0) - (held or 0)
+
+    balance, reserved = figures["balance"] or 0, figures["reserved"] or 0
+    rooms = [
+        balance - reserved,
+        left(figures["monthly_budget"], figures["month_spend"], reserved),
+        left(figures.get("key_monthly_limit"), figures.get("key_month_spend"),
+             figures.get("key_reserved")),
+    ]  # fmt: skip
+    return min(room for room in rooms if room is not None)

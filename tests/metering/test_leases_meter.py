@@ -1,0 +1,141 @@
+"""The `LeasedMeter`'s own rules over a real database of every backend: which requests
+hold directly, what goes back and when."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from model_gateway.gateway.instance import Instance
+from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
+from model_gateway.gateway.metering import current_month
+from model_gateway.pipeline.errors import BudgetExceeded, ServiceUnavailable
+from model_gateway.storage import ProjectRecord, StorageError, open_storage
+from model_gateway.storage.base import KeyRecord, ReservationRecord, new_id
+from model_gateway.storage.sqlite import SQLiteStorage
+from tests.metering.test_leases_state_machine import settlement
+
+
+@pytest.fixture
+async def storage(fresh_storage_url):
+    # A database of its own: sweeps are global, and holds leased for `[cluster] lease_s`
+    # would expire under another test's sweep of the shared one.
+    backend = await open_storage(fresh_storage_url)
+    yield backend
+    await backend.close()
+
+
+async def funded(storage, credit: int, **key_options) -> tuple[str, str]:
+    pid, kid = new_id("prj"), new_id("key")
+    await storage.create_project(ProjectRecord(id=pid, name="m"))
+    key = KeyRecord(
+        id=kid, prefix=f"proj_live_{kid[-8:]}", key_hash=b"h", project_id=pid,
+        scopes=frozenset({"inference"}), **key_options,
+    )  # fmt: skip
+    await storage.create_key(key)
+    await storage.add_credit(pid, credit, current_month())
+    return pid, kid
+
+
+async def test_requests_share_a_lease_and_settle_against_it(storage):
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    holds = [await meter.reserve(pid, kid, 100) for _ in range(SLICE_HOLDS)]
+    assert all(isinstance(h, LeaseHold) for h in holds)
+    assert len({h.lease for h in holds}) == 1  # one grant for the slice
+    for hold in holds:
+        await meter.settle(hold, settlement(40))
+    account = await storage.project_account(pid, current_month())
+    assert (account.balance, account.reserved) == (1_000_000 - 40 * SLICE_HOLDS, 0)
+    assert account.leased == SLICE_HOLDS * 100 - 40 * SLICE_HOLDS
+    await meter.stop()  # shutdown gives the leases back
+    assert (await storage.project_account(pid, current_month())).leased == 0
+
+
+async def test_the_last_money_is_held_directly(storage):
+    pid, kid = await funded(storage, 150)
+    meter = LeasedMeter(storage)
+    # Half of what is left (75) does not cover a hold of 100: no lease.
+    assert isinstance(await meter.reserve(pid, kid, 100), ReservationRecord)
+    assert (await storage.project_account(pid, current_month())).leased == 0
+
+
+async def test_a_fenced_instance_takes_no_hold_from_its_leases(storage):
+    """An instance that lost its registry lease may be swept by the others: its leases
+    serve nothing more, although they still have room in this process."""
+    pid, kid = await funded(storage, 1_000_000)
+    instance = Instance(storage, "leases-fence-test:1:1", lease_s=0.5)
+    await instance.start()
+    meter = LeasedMeter(storage, owner=instance.id, lease_s=0.5, instance=instance)
+    hold = await meter.reserve(pid, kid, 100)
+    assert isinstance(hold, LeaseHold) and hold.lease.free >= 100
+    await instance.stop()  # no more renewals: fenced once its lease has run out
+    await asyncio.sleep(0.6)
+    with pytest.raises(ServiceUnavailable):
+        await meter.reserve(pid, kid, 100)
+    assert hold.lease.held == 100  # nothing more taken from the lease
+    await meter.release(hold)
+    await meter.stop()  # its lease goes back: no short-lived row left for other tests
+
+
+async def test_keyless_holds_are_direct(storage):
+    """Hosted agents' steps: their run tracks the hold by its id in the database."""
+    pid, _ = await funded(storage, 1_000_000)
+    assert isinstance(await LeasedMeter(storage).reserve(pid, None, 100), ReservationRecord)
+
+
+async def test_an_admin_change_retires_the_leases(storage):
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    first = await meter.reserve(pid, kid, 100)
+    assert isinstance(first, LeaseHold)
+    await storage.update_key(f"proj_live_{kid[-8:]}", {"monthly_limit": 150})
+    await storage.checkpoint()  # PostgreSQL: the notification has arrived by now
+    while storage.admin_epoch() == meter._epoch:
+        await storage.health()
+    # The new limit applies to the next hold at once: 100 held on the lease + 100 > 150.
+    second = meter.reserve(pid, kid, 100)
+    with pytest.raises(BudgetExceeded, match="monthly limit"):
+        await second
+    await meter.release(first)
+    await meter.keep()  # the retired lease, without holds, ends
+    assert (await storage.project_account(pid, current_month())).leased == 0
+
+
+async def test_quiet_slots_are_forgotten(storage):
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage, idle_s=0)
+    await meter.release(await meter.reserve(pid, kid, 100))
+    await meter.keep()  # idle: given back
+    assert not meter.slots
+    for demand in meter._demand.values():
+        demand.started -= 10
+    await meter.keep()
+    assert not meter._demand and not meter._growing
+
+
+async def test_a_settlement_that_fails_retires_its_lease(tmp_path):
+    """Committed or not, the meter cannot tell: the lease takes no new hold, so that its
+    other requests stay covered whatever the database did; the failed hold stays open."""
+    path = tmp_path / "busy.db"
+    storage = await SQLiteStorage.open(f"sqlite:///{path}", busy_timeout_s=0.2)
+    try:
+        pid, kid = await funded(storage, 1_000_000)
+        meter = LeasedMeter(storage)
+        first, second = await meter.reserve(pid, kid, 100), await meter.reserve(pid, kid, 100)
+        assert isinstance(first, LeaseHold) and first.lease is second.lease
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StorageError):
+            await meter.settle(first, settlement(50))
+        locker.execute("ROLLBACK")
+        locker.close()
+        assert first.lease.retired and first.lease.held == 200
+        await meter.release(first)
+        await meter.settle(second, settlement(50))
+        third = await meter.reserve(pid, kid, 100)
+        assert isinstance(third, LeaseHold) and third.lease is not first.lease
+    finally:
+        await storage.close()
