@@ -20,7 +20,7 @@ run: $(STAMP) system-deps
 	$(BIN)/gateway serve --config config.toml $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 test: $(STAMP) system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 --dist loadfile  # many tests wait on real processes: 3 workers on 2 cores
 
 # mypy and PyInstaller find `model_gateway` through a link to this checkout (the editable
 # install maps the package with an import hook that neither runs).

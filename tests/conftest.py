@@ -35,7 +35,6 @@ def auth(gateway):
 
 
 # --- storage backends: one parametrization for every storage test ----------------------
-_postgres_skipped: list[str] = []
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +44,6 @@ def postgres_url():
     if absent is not None:
         if in_ci():
             pytest.fail(f"CI=true and {absent}: the PostgreSQL cases must run in CI")
-        _postgres_skipped.append(absent)
         pytest.skip(absent)
     # A run stopped by SIGTERM (`timeout`, CI) still drops its database: as an interrupt,
     # pytest runs the fixtures' teardown.
@@ -89,9 +87,6 @@ def fresh_postgres_url(request):
         yield url
 
 
-_redis_skipped: list[str] = []
-
-
 @pytest.fixture
 def redis_url():
     """The test Redis and a key prefix of this test's own (its keys deleted at the end)."""
@@ -99,7 +94,6 @@ def redis_url():
     if absent is not None:
         if in_ci():
             pytest.fail(f"CI=true and {absent}: the Redis cases must run in CI")
-        _redis_skipped.append(absent)
         pytest.skip(absent)
     prefix = new_prefix()
     yield REDIS_URL, prefix
@@ -107,13 +101,13 @@ def redis_url():
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _redis_skipped:
-        skipped = [r for r in terminalreporter.stats.get("skipped", []) if "redis" in r.keywords]
-        terminalreporter.write_sep(
-            "=", f"{len(skipped)} Redis case(s) SKIPPED: {_redis_skipped[0]}", yellow=True
-        )
-    if _postgres_skipped:
-        skipped = [r for r in terminalreporter.stats.get("skipped", []) if "postgres" in r.keywords]
-        terminalreporter.write_sep(
-            "=", f"{len(skipped)} PostgreSQL case(s) SKIPPED: {_postgres_skipped[0]}", yellow=True
-        )
+    """Say loudly which service's cases did not run. Read from the reports, which reach
+    this process from every xdist worker."""
+    for marker, service in (("redis", "Redis"), ("postgres", "PostgreSQL")):
+        skipped = [r for r in terminalreporter.stats.get("skipped", []) if marker in r.keywords]
+        if skipped:
+            longrepr = skipped[0].longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple | list) else str(longrepr)
+            terminalreporter.write_sep(
+                "=", f"{len(skipped)} {service} case(s) SKIPPED: {reason}", yellow=True
+            )
