@@ -408,6 +408,19 @@ class SQLiteStorage(Storage):
         async with self._conn.execute(sql, params) as cursor:
             return await cursor.fetchone()
 
+    async def _one(
+        self, record: Callable[[sqlite3.Row], R], sql: str, params: tuple[object, ...] = ()
+    ) -> R | None:
+        """The first row of a read as its record, or None."""
+        row = await self._fetchone(sql, params)
+        return None if row is None else record(row)
+
+    async def _all(
+        self, record: Callable[[sqlite3.Row], R], sql: str, params: tuple[object, ...] = ()
+    ) -> list[R]:
+        """Every row of a read as its record."""
+        return [record(row) for row in await self._fetchall(sql, params)]
+
     async def checkpoint(self) -> None:
         """Fold the WAL into the database file and let it start over.
 
@@ -497,8 +510,7 @@ class SQLiteStorage(Storage):
         return project
 
     async def get_project(self, project_id: str) -> ProjectRecord | None:
-        row = await self._fetchone("SELECT * FROM projects WHERE id = ?", (project_id,))
-        return None if row is None else _project(row)
+        return await self._one(_project, "SELECT * FROM projects WHERE id = ?", (project_id,))
 
     async def archive_project(self, project_id: str) -> ProjectRecord:
         async with self._transaction() as db:
@@ -544,8 +556,7 @@ class SQLiteStorage(Storage):
         return key
 
     async def get_key(self, prefix: str) -> KeyRecord | None:
-        row = await self._fetchone("SELECT * FROM api_keys WHERE prefix = ?", (prefix,))
-        return None if row is None else _key(row)
+        return await self._one(_key, "SELECT * FROM api_keys WHERE prefix = ?", (prefix,))
 
     async def revoke_key(self, prefix: str) -> KeyRecord:
         async with self._transaction() as db:
@@ -784,8 +795,7 @@ class SQLiteStorage(Storage):
         return msgspec.structs.replace(user, role=role)
 
     async def get_user(self, email: str) -> UserRecord | None:
-        row = await self._fetchone("SELECT * FROM users WHERE email = ?", (email,))
-        return None if row is None else _user(row)
+        return await self._one(_user, "SELECT * FROM users WHERE email = ?", (email,))
 
     async def list_users(self) -> list[UserRecord]:
         return [_user(row) for row in await self._fetchall("SELECT * FROM users ORDER BY rowid")]
@@ -829,12 +839,12 @@ class SQLiteStorage(Storage):
         )
 
     async def session_user(self, id_hash: bytes, idle_since: int) -> UserRecord | None:
-        row = await self._fetchone(
+        return await self._one(
+            _user,
             "SELECT u.* FROM sessions s JOIN users u ON u.id = s.user_id"
             " WHERE s.id_hash = ? AND s.seen_at >= ? AND u.disabled = 0",
             (id_hash, idle_since),
         )
-        return None if row is None else _user(row)
 
     async def touch_session(self, id_hash: bytes, now: int) -> None:
         await self._write("UPDATE sessions SET seen_at = ? WHERE id_hash = ?", (now, id_hash))
@@ -1181,14 +1191,14 @@ class SQLiteStorage(Storage):
         return agent
 
     async def get_agent(self, agent_id: str) -> AgentRecord | None:
-        row = await self._fetchone("SELECT * FROM agents WHERE id = ?", (agent_id,))
-        return None if row is None else _agent(row)
+        return await self._one(_agent, "SELECT * FROM agents WHERE id = ?", (agent_id,))
 
     async def list_agents(self, project_id: str) -> list[AgentRecord]:
-        rows = await self._fetchall(
-            "SELECT * FROM agents WHERE project_id = ? ORDER BY created_at, id", (project_id,)
+        return await self._all(
+            _agent,
+            "SELECT * FROM agents WHERE project_id = ? ORDER BY created_at, id",
+            (project_id,),
         )
-        return [_agent(row) for row in rows]
 
     async def create_run(self, run: RunRecord) -> RunRecord:
         r = run
@@ -1201,21 +1211,19 @@ class SQLiteStorage(Storage):
         return run
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        row = await self._fetchone("SELECT * FROM agent_runs WHERE id = ?", (run_id,))
-        return None if row is None else _run(row)
+        return await self._one(_run, "SELECT * FROM agent_runs WHERE id = ?", (run_id,))
 
     async def list_runs(self, agent_id: str, limit: int = 50) -> list[RunRecord]:
-        rows = await self._fetchall(
+        return await self._all(
+            _run,
             "SELECT * FROM agent_runs WHERE agent_id = ? ORDER BY created_at DESC, id DESC LIMIT ?",
             (agent_id, limit),
         )
-        return [_run(row) for row in rows]
 
     async def run_steps(self, run_id: str) -> list[StepRecord]:
-        rows = await self._fetchall(
-            "SELECT * FROM agent_steps WHERE run_id = ? ORDER BY seq", (run_id,)
+        return await self._all(
+            _step, "SELECT * FROM agent_steps WHERE run_id = ? ORDER BY seq", (run_id,)
         )
-        return [_step(row) for row in rows]
 
     async def begin_step(self, step: StepRecord) -> None:
         s = step
