@@ -69,17 +69,22 @@ class Gateway:
         await self.instance.start()  # registered and leased before anything is served
         self.keyring = KeyRing(self.storage, pepper, self.instance)
         self.limiter = await open_limiter(self.config, self.storage)
-        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
-        self.meter = meter_class(
-            self.storage, self.metrics, owner=owner, lease_s=lease_s, instance=self.instance
-        )
-        await self.meter.start()
         self.signing_key = load_or_create_signing_key(
             self.config.path(self.config.secrets.signing_key_file)
         )
         self.transparency_log = TransparencyLog(
             self.storage, self.signing_key, origin=log_origin(self.config)
         )
+        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
+        self.meter = meter_class(
+            self.storage,
+            self.metrics,
+            owner=owner,
+            lease_s=lease_s,
+            instance=self.instance,
+            on_settled=self.transparency_log.offer,
+        )
+        await self.meter.start()
         await self.transparency_log.start()  # integrates receipts in the background
         self._register_gauges()
         await self.providers.start()

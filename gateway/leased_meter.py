@@ -222,7 +222,7 @@ class LeasedMeter(StorageMeter):
         lease = reservation.lease
         try:
             # The lease covers the cost; the request's own hold is checked here.
-            charged = settlement.cost <= reservation.amount and await self.storage.settle(
+            charged = settlement.cost <= reservation.amount and await self._charge(
                 receipt_record(lease.record, settlement)
             )
         except BaseException:

@@ -89,12 +89,14 @@ class StorageMeter:
         owner: str | None = None,
         lease_s: float = ClusterConfig().lease_s,
         instance: Instance | None = None,
+        on_settled: Callable[[ReceiptRecord], None] | None = None,
     ) -> None:
         self.storage = storage
         self.metrics = metrics
         self.owner = owner or process_owner()
         self.lease_s = lease_s
         self.instance = instance  # None: never fenced (embedded without a registry)
+        self.on_settled = on_settled  # each receipt once committed (the log: no read-back)
         self.open_holds = 0  # this process's holds not yet settled or released
         self._sweeper: asyncio.Task[None] | None = None
         # Holds whose release failed (storage locked, gone): retried by the sweeper, so a
@@ -163,12 +165,18 @@ class StorageMeter:
 
     async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
         assert isinstance(reservation, ReservationRecord)
-        receipt = receipt_record(reservation, settlement)
-        if not await self.storage.settle(receipt):
+        if not await self._charge(receipt_record(reservation, settlement)):
             log.error("reservation %s was gone at settlement; not charged", reservation.id)
         self.open_holds -= 1
         if self.metrics is not None:
             self.metrics.charged(settlement)
+
+    async def _charge(self, receipt: ReceiptRecord) -> bool:
+        """Store the receipt, charging its hold; False when the hold was gone."""
+        charged = await self.storage.settle(receipt)
+        if charged and self.on_settled is not None:
+            self.on_settled(receipt)
+        return charged
 
     async def release(self, reservation: Reserved) -> None:
         self.open_holds -= 1

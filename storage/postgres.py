@@ -811,6 +811,12 @@ class PostgresStorage(Storage):
         )
         return [_receipt(row) for row in rows]
 
+    async def unlogged_receipt_ids(self, limit: int) -> list[str]:
+        rows = await self._run(
+            lambda c: c.fetch("SELECT receipt_id FROM log_pending ORDER BY seq LIMIT $1", limit)
+        )
+        return [row["receipt_id"] for row in rows]
+
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:
         rows = await self._run(
             lambda c: c.fetch(

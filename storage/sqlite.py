@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import aiosqlite
 import msgspec
@@ -128,18 +128,18 @@ def _json_list(value: list[str] | frozenset[str] | None) -> str | None:
     return None if value is None else orjson.dumps(sorted(value)).decode()
 
 
-_HEX_DIGITS = frozenset("0123456789abcdef")
-
-
 def _pack(prefix: str, value: str | None) -> str | bytes | None:
     """An id of the gateway's form (prefix + lowercase hex), or a hex digest (prefix ''),
     as the bytes of its hex part; anything else unchanged (migration 0011)."""
     if not isinstance(value, str) or not value.startswith(prefix):
         return value
     body = value[len(prefix) :]
-    if not body or len(body) % 2 or not _HEX_DIGITS.issuperset(body):
+    try:
+        packed = bytes.fromhex(body)
+    except ValueError:
         return value
-    return bytes.fromhex(body)
+    # fromhex also takes uppercase and spaces: only a body that round-trips is packed.
+    return packed if packed and packed.hex() == body else value
 
 
 def _unpack(prefix: str, value: str | bytes | None) -> str | None:
@@ -741,13 +741,19 @@ class SQLiteStorage(Storage):
         return None if row is None else SandboxRecord(**dict(row))
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
+        return [_receipt(row) for row in await self._unlogged("v.*", limit)]
+
+    async def unlogged_receipt_ids(self, limit: int) -> list[str]:
+        return [row[0] for row in await self._unlogged("v.id", limit)]
+
+    async def _unlogged(self, columns: Literal["v.*", "v.id"], limit: int) -> list[sqlite3.Row]:
         # Leaves follow receipts' issue order, so the search starts after the last logged
         # one (with tiles, else before them) instead of scanning every receipt ever issued.
         last_leaf = await self._fetchone(
             "SELECT receipt_id FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
         )
-        rows = await self._fetchall(
-            "SELECT v.* FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"
+        return await self._fetchall(
+            f"SELECT {columns} FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"  # noqa: S608
             " WHERE r.seq > max("
             "  COALESCE((SELECT receipt FROM log_entries ORDER BY leaf_index DESC LIMIT 1), 0),"
             "  COALESCE((SELECT seq FROM receipt_rows WHERE id = ?), 0))"
@@ -756,7 +762,6 @@ class SQLiteStorage(Storage):
             " ORDER BY r.seq LIMIT ?",
             (None if last_leaf is None else _pack("rcpt_", last_leaf[0]), limit),
         )
-        return [_receipt(row) for row in rows]
 
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:
         rows = await self._fetchall(

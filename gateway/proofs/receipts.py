@@ -18,6 +18,7 @@ the strict structs refuse a v1 leaf with a "v" and a v2 leaf without one.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
@@ -50,8 +51,14 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 def format_timestamp(unix_micros: int) -> str:
     # Integer arithmetic: a float of unix seconds cannot hold every microsecond.
-    moment = _EPOCH + timedelta(microseconds=unix_micros)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    seconds, micros = divmod(unix_micros, 1_000_000)
+    return f"{_format_second(seconds)}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=16)
+def _format_second(unix_seconds: int) -> str:
+    # strftime costs ~3 µs a receipt; receipts issued in the same second share it.
+    return (_EPOCH + timedelta(seconds=unix_seconds)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 # Strict structs: a field added to a signed object must fail verification, never be shown

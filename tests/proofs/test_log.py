@@ -10,13 +10,16 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from model_gateway.gateway.metering import StorageMeter
 from model_gateway.gateway.proofs import log as log_module
 from model_gateway.gateway.proofs.log import LogCorrupted, Pending, TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree, leaf_hash, verify_consistency
 from model_gateway.gateway.proofs.receipts import canonical_bytes, sign_receipt, sign_tree_head
 from model_gateway.gateway.proofs.verify import verify_proof_document
+from model_gateway.pipeline.context import Settlement
 from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
+from tests.support.records import add_project
 
 KEY = SigningKey(Ed25519PrivateKey.generate())
 
@@ -66,6 +69,72 @@ async def test_a_settled_receipt_is_pending_until_integrated_then_verifies(stora
         result = verify_proof_document(as_json(doc), KEY.public_key)
         assert result.ok, result.reasons
         assert doc.receipt.id == record.id
+    await log.stop()
+
+
+async def offering_meter(storage, log: TransparencyLog):
+    """charge() -> the id of a receipt settled by a meter that offers it to `log`."""
+    project = await add_project(storage, "offering")
+    await storage.add_credit(project.id, 10_000_000, "2025-01")
+    meter = StorageMeter(storage, on_settled=log.offer)
+    count = 0
+
+    async def charge() -> str:
+        nonlocal count
+        count += 1
+        hold = await meter.reserve(project.id, None, 1000)
+        settlement = Settlement(
+            receipt_id=f"rcpt_{count:04x}{time.time_ns():x}",
+            request_id=f"req_{count:04x}",
+            kind="inference",
+            endpoint="/v1/chat/completions",
+            subject="echo-1",
+            status="succeeded",
+            usage={"input_tokens": 3, "output_tokens": count},
+            cost=100 + count,
+            request_body=b'{"n": %d}' % count,
+            response_sha256=None,
+        )
+        await meter.settle(hold, settlement)
+        return settlement.receipt_id
+
+    return charge
+
+
+async def test_offered_and_stored_receipts_are_logged_in_issue_order_and_verify(storage, settle):
+    """The sequencer logs its own process's settlements from memory and reads the rest
+    (another writer's, here straight into storage) back: one order, every proof valid."""
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    charge = await offering_meter(storage, log)
+    ids = [await charge(), await charge(), (await settle()).id, await charge()]
+    assert await log.integrate() == 4
+    assert await storage.log_entry_receipts(0, 4) == [
+        (i, await storage.get_receipt(receipt_id)) for i, receipt_id in enumerate(ids)
+    ]
+    for receipt_id in ids:
+        result = verify_proof_document(as_json(await log.proof(receipt_id)), KEY.public_key)
+        assert result.ok, result.reasons
+    assert await log.integrate() == 0
+    await log.stop()
+
+
+async def test_a_row_altered_between_settlement_and_logging_is_caught(storage, tmp_path):
+    """The leaf is what was settled, not what the row says later: an UPDATE before the log
+    took the receipt makes its proof fail, as it does after."""
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    charge = await offering_meter(storage, log)
+    altered, kept = await charge(), await charge()
+    with sqlite3.connect(tmp_path / "gateway.db") as db:
+        db.execute("UPDATE receipts SET cost = cost - 50 WHERE id = ?", (altered,))
+    db.close()
+    assert await log.integrate() == 2
+    with pytest.raises(LogCorrupted, match="no longer matches its leaf"):
+        await log.proof(altered)
+    assert verify_proof_document(as_json(await log.proof(kept)), KEY.public_key).ok
     await log.stop()
 
 

@@ -4,12 +4,15 @@ import hashlib
 import http.server
 import operator
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import msgspec
 import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given
+from hypothesis import strategies as st
 
 from model_gateway.gateway.money import format_amount
 from model_gateway.gateway.proofs.commitments import request_commitment, response_commitment
@@ -370,3 +373,9 @@ def test_a_proof_made_by_the_version_1_code_still_verifies():
     altered = copy.deepcopy(doc)
     altered["receipt"]["request_sha256"] = flip_hex(altered["receipt"]["request_sha256"])
     assert not verify_proof_document(altered, fixture_key()).ok
+
+
+@given(st.integers(min_value=-(10**15), max_value=253402300799999999))
+def test_timestamps_match_the_calendar_to_the_microsecond(unix_micros):
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=unix_micros)
+    assert format_timestamp(unix_micros) == moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -98,18 +98,22 @@ async def test_an_empty_log_has_no_head_and_no_leaves(storage):
     assert await storage.tree_head() is None
     assert await storage.log_leaves() == []
     assert await storage.unlogged_receipts(10) == []
+    assert await storage.unlogged_receipt_ids(10) == []
 
 
 async def test_settled_receipts_wait_for_the_log_in_issue_order(storage):
     receipts = await issue(storage, 5)
     assert await storage.unlogged_receipts(10) == receipts
     assert await storage.unlogged_receipts(2) == receipts[:2]
+    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts]
+    assert await storage.unlogged_receipt_ids(2) == [r.id for r in receipts[:2]]
 
 
 async def test_appended_entries_tiles_and_heads_read_back_and_leave_the_queue(storage):
     receipts = await issue(storage, 5)
     await storage.append_log_tiles(entries(0, receipts[:3]), [tile(0, 0, hashes(3))], head(3))
     assert await storage.unlogged_receipts(10) == receipts[3:]
+    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts[3:]]
     await storage.append_log_tiles(
         entries(3, receipts[3:]), [tile(0, 0, hashes(5)), tile(1, 0, hashes(1, 9))], head(5)
     )
