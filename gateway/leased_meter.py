@@ -66,12 +66,11 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Hashable
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from model_gateway.gateway.metering import StorageMeter, receipt_record
+from model_gateway.gateway.metering import StorageMeter, current_month, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
 from model_gateway.pipeline.ports import Reserved
@@ -164,16 +163,6 @@ class LeasedMeter(StorageMeter):
         self._holds = itertools.count()
         self._epoch: Hashable = self.storage.admin_epoch()
         self._keeper: asyncio.Task[None] | None = None
-        self._month, self._month_ends = "", 0.0
-
-    def _current_month(self) -> str:
-        """`current_month()`, formatted once a month (the UTC month's end is known)."""
-        if time.time() >= self._month_ends:
-            now = datetime.now(UTC)
-            self._month = now.strftime("%Y-%m")
-            following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
-            self._month_ends = following.timestamp()
-        return self._month
 
     async def start(self) -> None:
         await super().start()
@@ -203,7 +192,7 @@ class LeasedMeter(StorageMeter):
             self._epoch = epoch
             self._retire_all()
             return await self._direct(project_id, key_id, amount)
-        slot = (project_id, key_id, self._current_month())
+        slot = (project_id, key_id, current_month())
         demand = self._demand.get(slot)
         if demand is None:
             demand = self._demand[slot] = _Demand()

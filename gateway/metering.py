@@ -42,8 +42,17 @@ log = logging.getLogger("gateway.metering")
 CHECKPOINT_EVERY_S = 1  # the request path's writer never checkpoints (it would fsync)
 
 
+_month = ("", 0.0)  # the current UTC month and the time.time() it ends at
+
+
 def current_month() -> str:
-    return datetime.now(UTC).strftime("%Y-%m")
+    """The UTC month, "YYYY-MM": formatted once a month (its end is known), not per hold."""
+    global _month
+    if (seconds := time.time()) >= _month[1]:
+        now = datetime.fromtimestamp(seconds, UTC)
+        following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+        _month = (now.strftime("%Y-%m"), following.timestamp())
+    return _month[0]
 
 
 def _start_ticks(pid: int) -> str | None:

@@ -12,6 +12,7 @@ that failed), the hold is released on the way out unless settle committed it.
 from __future__ import annotations
 
 import secrets
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,7 +23,10 @@ from model_gateway.pipeline.ports import Meter
 
 
 def new_receipt_id() -> str:
-    return "rcpt_" + secrets.token_hex(12)
+    """Milliseconds first, then 64 random bits: ids grow with time, so a storage's index of
+    them takes each new receipt at its end rather than at a random page (throughput that
+    does not fall as receipts pile up), and an id is still unguessable."""
+    return f"rcpt_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
 
 
 class Reservation:

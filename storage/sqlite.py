@@ -47,6 +47,7 @@ opens it (SQLite gives its -wal and -shm files the database's mode), the epoch f
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import sqlite3
@@ -179,7 +180,12 @@ def _response_commitment(salt: str | None, response_sha256: str | None) -> str |
 
 
 def _month_of(created_at_us: int) -> str:
-    return time.strftime("%Y-%m", time.gmtime(created_at_us // 1_000_000))
+    return _month_of_day(created_at_us // 86_400_000_000)
+
+
+@functools.lru_cache(maxsize=4)
+def _month_of_day(unix_day: int) -> str:
+    return time.strftime("%Y-%m", time.gmtime(unix_day * 86_400))
 
 
 def _project(row: sqlite3.Row) -> ProjectRecord:
