@@ -7,12 +7,16 @@ read (open holds, log size and lag) are read at scrape time, not kept on the hot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
+from model_gateway.gateway.metrics_text import (
+    Counter,
+    CounterChild,
+    Gauge,
+    Histogram,
+    HistogramChild,
+    Registry,
+)
 from model_gateway.gateway.routing.breaker import GAUGE_VALUE
 from model_gateway.pipeline.context import RequestContext, Settlement
 
@@ -21,130 +25,111 @@ UNMATCHED = "unmatched"  # the endpoint label of a request no route matched
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
-class _ScrapeTimeGauges(Collector):
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
-        self.gauges = gauges
+class _ScrapeTimeGauges:
+    """The unlabelled gauges of `Metrics.gauge`, in one place of the exposition."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        for name, (documentation, read) in self.gauges.items():
-            yield GaugeMetricFamily(name, documentation, value=read())
+    def __init__(self) -> None:
+        self.gauges: dict[str, Gauge] = {}
 
-
-class _BreakerGauge(Collector):
-    """gateway_provider_breaker{provider}: 0 closed, 1 open, 2 half-open (read at scrape)."""
-
-    def __init__(self, breakers) -> None:
-        self.breakers = breakers
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "gateway_provider_breaker",
-            "Circuit breaker per provider: 0 closed, 1 open, 2 half-open.",
-            labels=["provider"],
-        )
-        for provider, state in self.breakers.states().items():
-            family.add_metric([provider], GAUGE_VALUE[state])
-        yield family
+    def render(self, out: list[str]) -> None:
+        for gauge in self.gauges.values():
+            gauge.render(out)
 
 
-class _SandboxNodeGauges(Collector):
-    """Per sandbox node (its config name): up (1/0), slots, slots in use (read at scrape)."""
+def _node_up(nodes) -> list[tuple[tuple[str], float]]:
+    return [((node.name,), int(node.healthy)) for node in nodes]
 
-    def __init__(self, pool) -> None:
-        self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {
-            "up": GaugeMetricFamily(
-                "gateway_sandbox_node_up",
-                "Sandbox node healthy (1) or skipped (0).",
-                labels=["node"],
-            ),
-            "slots": GaugeMetricFamily(
-                "gateway_sandbox_node_slots",
-                "Sandbox node slots (max_concurrent).",
-                labels=["node"],
-            ),
-            "in_use": GaugeMetricFamily(
-                "gateway_sandbox_node_slots_in_use", "Sandbox node slots running.", labels=["node"]
-            ),
-        }
-        for node in self.pool.nodes:
-            families["up"].add_metric([node.name], int(node.healthy))
-            families["slots"].add_metric([node.name], node.max_concurrent)
-            families["in_use"].add_metric([node.name], node.in_use)
-        yield from families.values()
+def _node_slots(nodes) -> list[tuple[tuple[str], float]]:
+    return [((node.name,), node.max_concurrent) for node in nodes]
+
+
+def _node_in_use(nodes) -> list[tuple[tuple[str], float]]:
+    return [((node.name,), node.in_use) for node in nodes]
 
 
 class Metrics:
     """The gateway's metric families, and the `RequestObserver` that feeds the per-request ones."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self.registry = r = Registry()
         self.requests = Counter(
-            "gateway_requests",
-            "Requests by endpoint and status.",
-            ["endpoint", "method", "status"],
-            registry=r,
+            "gateway_requests", "Requests by endpoint and status.", ["endpoint", "method", "status"]
         )
         self.latency = Histogram(
-            "gateway_request_duration_seconds",
-            "Whole request time.",
-            ["endpoint"],
-            buckets=_BUCKETS,
-            registry=r,
+            "gateway_request_duration_seconds", "Whole request time.", ["endpoint"], _BUCKETS
         )
         self.overhead = Histogram(
             "gateway_overhead_seconds",
             "Request time not spent waiting on the upstream or the sandbox node.",
             ["endpoint"],
-            buckets=_BUCKETS,
-            registry=r,
+            _BUCKETS,
         )
         self.upstream_attempts = Counter(
-            "gateway_upstream_attempts", "Calls to upstream providers.", ["provider"], registry=r
+            "gateway_upstream_attempts", "Calls to upstream providers.", ["provider"]
         )
         self.upstream_failures = Counter(
-            "gateway_upstream_failures",
-            "Failed upstream calls by reason.",
-            ["provider", "reason"],
-            registry=r,
+            "gateway_upstream_failures", "Failed upstream calls by reason.", ["provider", "reason"]
         )
         self.refused = Counter(
-            "gateway_reservations_refused",
-            "Reservations refused, by reason.",
-            ["reason"],
-            registry=r,
+            "gateway_reservations_refused", "Reservations refused, by reason.", ["reason"]
         )
         self.spend = Counter(
             "gateway_spend_micro_units",
             "Charged micro-units (1e-6 USD) by model or runtime.",
             ["subject"],
-            registry=r,
         )
         self.sandbox_executions = Counter(
-            "gateway_sandbox_executions", "Sandbox executions by status.", ["status"], registry=r
+            "gateway_sandbox_executions", "Sandbox executions by status.", ["status"]
         )
-        self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        for family in (
+            self.requests,
+            self.latency,
+            self.overhead,
+            self.upstream_attempts,
+            self.upstream_failures,
+            self.refused,
+            self.spend,
+            self.sandbox_executions,
+        ):
+            r.register(family)
+        self._gauges = _ScrapeTimeGauges()
+        r.register(self._gauges)
         # Per (endpoint, method, status): bounded by the route table and the statuses.
-        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram, Histogram]] = {}
-        r.register(_ScrapeTimeGauges(self._gauges))
+        self._series: dict[
+            tuple[str, str, int], tuple[CounterChild, HistogramChild, HistogramChild]
+        ] = {}
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """A gauge read at scrape time (e.g. open holds, the log's size)."""
-        self._gauges[name] = (documentation, read)
+        self._gauges.gauges[name] = Gauge.single(name, documentation, read)
 
     def breakers(self, breakers) -> None:
-        """Publish the providers' breakers (gateway.routing.breaker.Breakers)."""
-        self.registry.register(_BreakerGauge(breakers))
+        """Publish the providers' breakers (gateway.routing.breaker.Breakers):
+        gateway_provider_breaker{provider}: 0 closed, 1 open, 2 half-open (read at scrape)."""
+        self.registry.register(
+            Gauge(
+                "gateway_provider_breaker",
+                "Circuit breaker per provider: 0 closed, 1 open, 2 half-open.",
+                lambda: [((p,), GAUGE_VALUE[s]) for p, s in breakers.states().items()],
+                ["provider"],
+            )
+        )
 
     def sandbox_nodes(self, pool) -> None:
-        """Publish the sandbox nodes' health and slots (gateway.sandbox.pool.NodePool)."""
-        self.registry.register(_SandboxNodeGauges(pool))
+        """Publish the sandbox nodes' health and slots (gateway.sandbox.pool.NodePool): per
+        node (its config name), up (1/0), slots, slots in use (read at scrape)."""
+        for name, documentation, read in (
+            ("gateway_sandbox_node_up", "Sandbox node healthy (1) or skipped (0).", _node_up),
+            ("gateway_sandbox_node_slots", "Sandbox node slots (max_concurrent).", _node_slots),
+            ("gateway_sandbox_node_slots_in_use", "Sandbox node slots running.", _node_in_use),
+        ):
+            self.registry.register(
+                Gauge(name, documentation, lambda read=read: read(pool.nodes), ["node"])
+            )
 
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.registry.render()
 
     # RequestObserver
     def request_done(
@@ -152,14 +137,14 @@ class Metrics:
     ) -> None:
         endpoint = ctx.endpoint.path if ctx.endpoint is not None else UNMATCHED
         series = self._series.get((endpoint, method, status))
-        if series is None:  # labels() costs more than the update: resolve it once
+        if series is None:  # resolve the children once per label tuple
             series = self._series[(endpoint, method, status)] = (
                 self.requests.labels(endpoint, method, str(status)),
                 self.latency.labels(endpoint),
                 self.overhead.labels(endpoint),
             )
         requests, latency, overhead = series
-        requests.inc()
+        requests.value += 1  # CounterChild.inc without the call
         latency.observe(seconds)
         overhead.observe(max(0.0, seconds - ctx.upstream_seconds))
         if ctx.endpoint is not None and ctx.endpoint.path == "/v1/sandbox/executions":
