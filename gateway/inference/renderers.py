@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
 from model_gateway.gateway.inference.responses_stream import ResponsesEvents
@@ -19,6 +20,7 @@ from model_gateway.gateway.inference.usage import (
     reported,
     shown_usage,
 )
+from model_gateway.gateway.providers.responses_events import ResponsesStreamEvent
 from model_gateway.pipeline.errors import GatewayError
 
 
@@ -159,6 +161,7 @@ _DELTAS = {
     "response.refusal.delta",
 }
 _ENDS = {"response.completed", "response.incomplete"}
+_BLANK_LINE = b"\n\n"
 
 
 class NativeResponsesRenderer:
@@ -174,9 +177,20 @@ class NativeResponsesRenderer:
     def start(self) -> bytes:
         return b""
 
-    def feed(self, event: tuple[str, dict]) -> bytes:
-        name, payload = event
-        self._sequence = int(payload.get("sequence_number") or self._sequence) + 1
+    def feed(self, batch: list[ResponsesStreamEvent]) -> bytes:
+        out: list[bytes] = []
+        for name, data, block, event in batch:
+            self._sequence = (event.sequence_number or self._sequence) + 1
+            if name in _DELTAS:
+                self._output.append(text_of(event.delta))
+            if block is not None and event.response is None:
+                out += (block, _BLANK_LINE)  # as it came: nothing in it is the gateway's
+            else:
+                out.append(self._rendered(name, msgspec.json.decode(data)))
+        return b"".join(out)
+
+    def _rendered(self, name: str, payload: dict) -> bytes:
+        """An event with the response object: the gateway's model id, and the usage shown."""
         response = payload.get("response")
         if isinstance(response, dict):
             response["model"] = self.model_id
@@ -185,8 +199,6 @@ class NativeResponsesRenderer:
                 response["usage"] = shown_usage(
                     usage, self.prompt, self.output_text(), RESPONSES_KEYS
                 )
-        if name in _DELTAS:
-            self._output.append(text_of(payload.get("delta")))
         return named_event(name, payload)
 
     def finish(self) -> bytes:

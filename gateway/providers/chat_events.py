@@ -5,8 +5,7 @@ upstream framed them; the translators read them decoded. Each event is decoded o
 msgspec straight into the few fields the gateway reads (`ChatChunk`; the rest is skipped,
 never built), which checks its shape and finds an in-band error, the finish and the
 usage. Canonical framing (one `data:` line per event, lines ending in `\n`) is split with
-bytes operations; anything else (`\r` line ends, comments, several `data:` lines, `event:`
-fields) goes through the full SSE decoder, and such an event is re-rendered.
+bytes operations (gateway.providers.sse_blocks); any other event is re-rendered.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from model_gateway.gateway.inference.sse import SSEDecoder
 from model_gateway.gateway.providers.shapes import ChatChunk
+from model_gateway.gateway.providers.sse_blocks import BlockSplitter
 from model_gateway.gateway.providers.upstream import malformed, reported_error
 from model_gateway.pipeline.errors import GatewayError
 
@@ -37,8 +36,7 @@ class ChatEvents:
         self.provider = provider
         self.done = False  # [DONE] came: what follows is read (the connection is reused) only
         self.finished = False  # a choice has its finish_reason
-        self._buffer = b""
-        self._decoder: SSEDecoder | None = None  # once the framing was not canonical
+        self._blocks = BlockSplitter()
 
     @property
     def complete(self) -> bool:
@@ -49,35 +47,15 @@ class ChatEvents:
         (then returned with the good events before it)."""
         events: list[ChatEvent] = []
         try:
-            for data, block in self._split(read):
+            for name, data, block in self._blocks.feed(read):
                 if data[:1] != b"{" and data.strip() == _DONE:
                     self.done = True
                     break
-                events.append(self._event(data, block))
+                # An `event:` field is not a chat stream's: such an event is re-rendered.
+                events.append(self._event(data, None if name is not None else block))
         except GatewayError as failure:
             return events, failure
         return events, None
-
-    def _split(self, read: bytes) -> list[tuple[bytes, bytes | None]]:
-        """(data, block) of each event `read` completes."""
-        if self._decoder is None and b"\r" not in read:
-            buffer = self._buffer + read if self._buffer else read
-            end = buffer.rfind(b"\n\n")
-            if end < 0:
-                self._buffer = buffer
-                return []
-            self._buffer = buffer[end + 2 :]
-            found: list[tuple[bytes, bytes | None]] = []
-            for block in buffer[:end].split(b"\n\n"):
-                if block[:5] == b"data:" and b"\n" not in block:
-                    data = block[6:] if block[5:6] == b" " else block[5:]
-                    found.append((data, block))
-                else:  # a comment, a field other than data, or a stray line end
-                    found += [(e.data.encode(), None) for e in SSEDecoder().feed(block + b"\n\n")]
-            return found
-        if self._decoder is None:  # the stream's framing is not canonical: decode it all
-            self._decoder, read, self._buffer = SSEDecoder(), self._buffer + read, b""
-        return [(e.data.encode(), None) for e in self._decoder.feed(read)]
 
     def _event(self, data: bytes, block: bytes | None) -> ChatEvent:
         try:

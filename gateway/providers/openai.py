@@ -15,22 +15,20 @@ from collections.abc import AsyncIterator
 import orjson
 
 from model_gateway.gateway.providers.chat_events import ChatEvent, ChatEvents
+from model_gateway.gateway.providers.responses_events import (
+    NativeResponsesEvents,
+    ResponsesStreamEvent,
+)
 from model_gateway.gateway.providers.shapes import (
     ChatAnswer,
     ResponsesAnswer,
-    ResponsesEvent,
     checked,
 )
 from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
-    parse_json,
-    reported_error,
     stream_ended_early,
 )
-
-_RESPONSES_END = frozenset({"response.completed", "response.incomplete"})
-_RESPONSES_FAILED = frozenset({"response.failed", "error"})
 
 
 class OpenAIProvider(HttpProvider):
@@ -51,19 +49,9 @@ class OpenAIProvider(HttpProvider):
     ) -> AsyncIterator[list[ChatEvent]]:
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
-        events = ChatEvents(self.name)
         reads = self.post_stream("/chat/completions", body, acceptance)
-        async with contextlib.aclosing(reads):
-            async for read in reads:
-                if events.done:
-                    continue  # read on to the end so that the connection is reused
-                batch, failure = events.feed(read)
-                if batch:
-                    yield batch
-                if failure is not None:
-                    raise failure
-        if not events.complete:
-            raise stream_ended_early(self.name)
+        async for batch in self._batches(reads, ChatEvents(self.name)):
+            yield batch
 
     async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
         batches = self.chat_events(request, acceptance)
@@ -78,19 +66,25 @@ class OpenAIProvider(HttpProvider):
 
     async def responses_stream(
         self, request: dict, acceptance: Acceptance
-    ) -> AsyncIterator[tuple[str, dict]]:
+    ) -> AsyncIterator[list[ResponsesStreamEvent]]:
         body = {**request, "stream": True}
-        done = False
-        events = self.post_events("/responses", body, acceptance, optional_endpoint=True)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if done or event.data.strip() == "[DONE]":
-                    continue
-                payload = checked(self.name, parse_json(self.name, event.data), ResponsesEvent)
-                name = event.event or payload.get("type") or ""
-                if name in _RESPONSES_FAILED:
-                    raise reported_error(self.name)
-                done = name in _RESPONSES_END
-                yield name, payload
-        if not done:
+        reads = self.post_stream("/responses", body, acceptance, optional_endpoint=True)
+        async for batch in self._batches(reads, NativeResponsesEvents(self.name)):
+            yield batch
+
+    async def _batches(
+        self, reads: AsyncIterator[bytes], events: ChatEvents | NativeResponsesEvents
+    ) -> AsyncIterator[list]:
+        """One batch of checked events per read; the upstream's failure raised after the
+        good events before it; an early end raised once the connection is read out."""
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                if events.done:
+                    continue  # read on to the end so that the connection is reused
+                batch, failure = events.feed(read)
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
+        if not events.complete:
             raise stream_ended_early(self.name)

@@ -84,9 +84,12 @@ class ResponsesAnswer(_Shape):
 
 
 class ResponsesEvent(_Shape):
+    """A native Responses stream's event, with the text delta a pass-through keeps."""
+
     type: str | None = None
     sequence_number: int | None = None
     response: ResponsesAnswer | None = None
+    delta: Any = None
 
 
 class _Block(_Shape):

@@ -1,0 +1,64 @@
+"""An upstream's SSE stream split into its events with bytes operations, for the readers
+that forward events as the upstream framed them (gateway.providers.chat_events,
+responses_events).
+
+Canonical framing is one optional `event:` line and one `data:` line per event, lines
+ending in `\n`: such an event comes out with its block (its bytes, blank line excluded).
+Anything else (`\r` line ends, comments, several `data:` lines, other fields) goes
+through the full SSE decoder and comes out without a block: its reader re-renders it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from model_gateway.gateway.inference.sse import SSEDecoder
+
+
+class Block(NamedTuple):
+    name: bytes | None  # the `event:` field, if any
+    data: bytes  # the event's data (JSON, or [DONE])
+    block: bytes | None  # the event as framed upstream; None: not canonical, re-render
+
+
+class BlockSplitter:
+    """Feed it the stream's reads; each gives the events it completed."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._decoder: SSEDecoder | None = None  # once the framing was not canonical
+
+    def feed(self, read: bytes) -> list[Block]:
+        if self._decoder is None and b"\r" not in read:
+            buffer = self._buffer + read if self._buffer else read
+            end = buffer.rfind(b"\n\n")
+            if end < 0:
+                self._buffer = buffer
+                return []
+            self._buffer = buffer[end + 2 :]
+            found: list[Block] = []
+            for block in buffer[:end].split(b"\n\n"):
+                canonical = _canonical(block)
+                found += [canonical] if canonical else _decoded(SSEDecoder(), block + b"\n\n")
+            return found
+        if self._decoder is None:  # the stream's framing is not canonical: decode it all
+            self._decoder, read, self._buffer = SSEDecoder(), self._buffer + read, b""
+        return _decoded(self._decoder, read)
+
+
+def _canonical(block: bytes) -> Block | None:
+    name = None
+    line = block
+    if block[:6] == b"event:":
+        head, _, line = block.partition(b"\n")
+        name = head[7:] if head[6:7] == b" " else head[6:]
+    if line[:5] != b"data:" or b"\n" in line:
+        return None
+    return Block(name, line[6:] if line[5:6] == b" " else line[5:], block)
+
+
+def _decoded(decoder: SSEDecoder, read: bytes) -> list[Block]:
+    return [
+        Block(None if e.event is None else e.event.encode(), e.data.encode(), None)
+        for e in decoder.feed(read)
+    ]
