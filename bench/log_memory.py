@@ -29,7 +29,6 @@ import tracemalloc
 from pathlib import Path
 
 import orjson
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.proofs.log import TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
@@ -38,7 +37,7 @@ from model_gateway.gateway.proofs.receipts import canonical_bytes, sign_receipt
 from model_gateway.storage import open_storage
 from model_gateway.storage.base import ReceiptRecord
 
-KEY = SigningKey(Ed25519PrivateKey.generate())
+KEY = SigningKey.generate()
 CHUNK = 20_000
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.api import receipt_view
 from model_gateway.gateway.metering import StorageMeter, receipt_record
@@ -23,7 +22,7 @@ from model_gateway.pipeline.context import Settlement
 from model_gateway.storage import open_storage
 from tests.support.records import add_project
 
-KEY = SigningKey(Ed25519PrivateKey.generate())
+KEY = SigningKey.generate()
 FIXTURES = Path(__file__).parent / "fixtures" / "v1"
 PIN_BODY = b'{"model":"echo-1","messages":[{"role":"user","content":"1234"}]}'
 RESPONSE = b'{"choices":[{"message":{"content":"1234"}}]}'
@@ -195,7 +194,7 @@ async def test_a_database_of_the_version_1_code_keeps_its_log_and_continues_it(t
         db.executescript((FIXTURES / "gateway_v1.sql").read_text())
     db.close()
     seed = bytes.fromhex((FIXTURES / "signing-key").read_text().strip())
-    key = SigningKey(Ed25519PrivateKey.from_private_bytes(seed))
+    key = SigningKey(seed)
     storage = await open_storage(f"sqlite:///{path}")
     try:
         old_head = await storage.tree_head()

@@ -8,7 +8,6 @@ import time
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.metering import StorageMeter
 from model_gateway.gateway.proofs import log as log_module
@@ -21,7 +20,7 @@ from model_gateway.pipeline.context import Settlement
 from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
 from tests.support.records import add_project
 
-KEY = SigningKey(Ed25519PrivateKey.generate())
+KEY = SigningKey.generate()
 
 
 def decode(entry: bytes) -> dict:
@@ -253,7 +252,7 @@ async def test_a_log_that_does_not_match_its_signed_head_refuses_to_start(storag
 async def test_a_head_the_log_key_did_not_sign_is_never_restated_as_a_checkpoint(storage, settle):
     record = await settle()
     leaf = leaf_hash(canonical_bytes(public_receipt(record)))
-    other = SigningKey(Ed25519PrivateKey.generate())
+    other = SigningKey.generate()
     head = TreeHeadRecord(
         **msgspec.structs.asdict(sign_tree_head(other, 1, leaf, "2025-01-01T00:00:00.000000Z"))
     )

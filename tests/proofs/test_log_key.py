@@ -30,7 +30,7 @@ def test_a_file_of_the_wrong_size_is_refused(tmp_path):
 
 
 def test_key_id_is_the_first_16_hex_of_sha256_of_the_raw_public_key():
-    key = SigningKey(Ed25519PrivateKey.generate())
+    key = SigningKey.generate()
     assert len(key.public_key) == 32
     assert key.key_id == hashlib.sha256(key.public_key).hexdigest()[:16] == key_id(key.public_key)
     assert key.public_record() == {
@@ -41,7 +41,7 @@ def test_key_id_is_the_first_16_hex_of_sha256_of_the_raw_public_key():
 
 
 def test_signatures_fail_for_another_message_key_or_signature():
-    key, other = SigningKey(Ed25519PrivateKey.generate()), SigningKey(Ed25519PrivateKey.generate())
+    key, other = SigningKey.generate(), SigningKey.generate()
     signature = key.sign(b"message")
     assert verify_signature(key.public_key, signature, b"message")
     assert not verify_signature(key.public_key, signature, b"messagE")
@@ -58,4 +58,22 @@ def test_rfc_8032_test_vector_1():
     )
     assert verify_signature(public_key, signature, b"")
     seed = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
-    assert SigningKey(Ed25519PrivateKey.from_private_bytes(seed)).public_key == public_key
+    assert SigningKey(seed).public_key == public_key
+
+
+def test_signatures_match_an_independent_implementation():
+    """Ed25519 is deterministic (RFC 8032): `cryptography` (OpenSSL) signs the same bytes
+    for the same seed, and each implementation verifies the other's signatures."""
+    seed = bytes(range(32))
+    ours, theirs = SigningKey(seed), Ed25519PrivateKey.from_private_bytes(seed)
+    message = b"model-gateway tree head v1\n{}"
+    assert ours.sign(message) == theirs.sign(message)
+    theirs.public_key().verify(ours.sign(message), message)  # raises if it does not verify
+    assert verify_signature(ours.public_key, theirs.sign(message), message)
+
+
+def test_a_signature_or_seed_of_the_wrong_size_is_refused():
+    key = SigningKey.generate()
+    assert not verify_signature(key.public_key, key.sign(b"m")[:63], b"m")
+    with pytest.raises(ValueError, match="32 bytes"):
+        SigningKey(bytes(31))

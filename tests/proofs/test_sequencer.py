@@ -11,7 +11,6 @@ import time
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.proofs.log import Pending, TransparencyLog
 from model_gateway.gateway.proofs.log_key import SigningKey
@@ -20,7 +19,7 @@ from model_gateway.gateway.proofs.verify import verify_proof_document
 from model_gateway.storage import StateConflict, open_storage
 from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
 
-KEY = SigningKey(Ed25519PrivateKey.generate())
+KEY = SigningKey.generate()
 
 # The PostgreSQL session setting after which the server ends a silent holder's session.
 IDLE_S = 5

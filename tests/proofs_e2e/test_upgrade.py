@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.proofs.log_key import SigningKey
 from tests.proofs_e2e.conftest import chat, verify, wait_proof
@@ -22,7 +21,7 @@ FIXTURES = Path(__file__).parents[1] / "proofs" / "fixtures" / "v1"
 
 def fixture_public_key() -> str:
     seed = bytes.fromhex((FIXTURES / "signing-key").read_text().strip())
-    return SigningKey(Ed25519PrivateKey.from_private_bytes(seed)).public_key.hex()
+    return SigningKey(seed).public_key.hex()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import operator
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree
@@ -136,7 +135,7 @@ def test_a_file_without_a_key_is_consistent_but_never_trusted(tmp_path, proof):
 def forged(doc: dict) -> dict:
     """The receipt with a lower cost, re-signed and re-logged by someone else's key: a
     document that is internally consistent and proves nothing about the deployment."""
-    key = SigningKey(Ed25519PrivateKey.generate())
+    key = SigningKey.generate()
     receipt = msgspec.convert({**doc["receipt"], "cost": "0.000001"}, PublicReceipt)
     tree = MerkleTree([receipt_leaf_hash(receipt)])
     head = sign_tree_head(key, 1, tree.root(), doc["tree_head"]["timestamp"])
