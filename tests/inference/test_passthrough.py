@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 from dataclasses import dataclass, field
 
 import httpx
@@ -23,7 +22,8 @@ from model_gateway.gateway.providers.chat_events import ChatEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
 from tests.support.fake_upstream import SECRET, FakeUpstream
 from tests.support.gateway_process import GatewayProcess
-from tests.support.inference import UPSTREAM_ENV, _model, sse_payloads
+from tests.support.inference import UPSTREAM_ENV, _model, split, sse_payloads
+from tests.support.inference import relay as relay_stream
 
 MODEL_ID = "pt/model"
 UPSTREAM = b'"model":"up-name"'
@@ -57,20 +57,8 @@ def expected(include_usage: bool) -> bytes:
 
 
 def relay(reads: list[bytes], include_usage: bool) -> tuple[bytes, ChatPassThrough]:
-    events = ChatEvents("test")
     renderer = ChatPassThrough(MODEL_ID, include_usage, "the prompt")
-    out = b""
-    for read in reads:
-        batch, failure = events.feed(read)
-        assert failure is None
-        out += renderer.feed(batch)
-    assert events.complete
-    return out + renderer.finish(), renderer
-
-
-def split(raw: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(cuts)), len(raw)]
-    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+    return relay_stream(ChatEvents("test"), renderer, reads), renderer
 
 
 cut_points = st.lists(st.integers(0, len(UPSTREAM_BYTES)), max_size=40)

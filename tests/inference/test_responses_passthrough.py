@@ -7,8 +7,6 @@ test_upstream_failures with `oa/` models) run the same path through a real gatew
 
 from __future__ import annotations
 
-import itertools
-
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -17,7 +15,8 @@ from hypothesis import strategies as st
 from model_gateway.gateway.inference.renderers import NativeResponsesRenderer
 from model_gateway.gateway.providers.responses_events import NativeResponsesEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
-from tests.support.inference import sse_payloads
+from tests.support.inference import relay as relay_stream
+from tests.support.inference import split, sse_payloads
 
 MODEL_ID = "oa/model"
 USAGE = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
@@ -75,20 +74,8 @@ UPSTREAM_BYTES = b"".join(e + b"\n\n" for e in [*CREATED, *DELTAS, COMPLETED])
 
 
 def relay(reads: list[bytes]) -> tuple[bytes, NativeResponsesRenderer]:
-    events = NativeResponsesEvents("test")
     renderer = NativeResponsesRenderer(MODEL_ID, "the prompt")
-    out = renderer.start()
-    for read in reads:
-        batch, failure = events.feed(read)
-        assert failure is None
-        out += renderer.feed(batch)
-    assert events.complete
-    return out + renderer.finish(), renderer
-
-
-def split(raw: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(set(cuts)), len(raw)]
-    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+    return relay_stream(NativeResponsesEvents("test"), renderer, reads), renderer
 
 
 def test_events_without_the_response_pass_as_they_came():

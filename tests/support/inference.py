@@ -3,6 +3,8 @@ puts every provider kind in front of the fakes, and a plain SSE reader for raw c
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
 from tests.support.gateway_process import free_port
@@ -105,3 +107,21 @@ def read_sse(raw: bytes) -> list[tuple[str | None, str]]:
 def sse_payloads(raw: bytes) -> list:
     """The JSON payloads of a stream, `[DONE]` kept as the string."""
     return [data if data == "[DONE]" else orjson.loads(data) for _, data in read_sse(raw)]
+
+
+def relay(events, renderer, reads: list[bytes]) -> bytes:
+    """What `renderer` sends a client for an upstream stream arriving in `reads`, each
+    read's batch of `events` (a ChatEvents or NativeResponsesEvents) in turn."""
+    out = renderer.start()
+    for read in reads:
+        batch, failure = events.feed(read)
+        assert failure is None
+        out += renderer.feed(batch)
+    assert events.complete
+    return out + renderer.finish()
+
+
+def split(raw: bytes, cuts: list[int]) -> list[bytes]:
+    """`raw` cut at those offsets: the reads a stream may arrive in."""
+    bounds = [0, *sorted(set(cuts)), len(raw)]
+    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
