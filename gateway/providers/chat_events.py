@@ -15,8 +15,8 @@ from typing import NamedTuple
 import msgspec
 
 from model_gateway.gateway.providers.shapes import ChatChunk
-from model_gateway.gateway.providers.sse_blocks import BlockSplitter
-from model_gateway.gateway.providers.upstream import malformed, reported_error
+from model_gateway.gateway.providers.sse_blocks import BlockSplitter, decode_event
+from model_gateway.gateway.providers.upstream import reported_error
 from model_gateway.pipeline.errors import GatewayError
 
 _DECODE = msgspec.json.Decoder(ChatChunk).decode
@@ -58,15 +58,7 @@ class ChatEvents:
         return events, None
 
     def _event(self, data: bytes, block: bytes | None) -> ChatEvent:
-        try:
-            chunk = _DECODE(data)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            # The SSE decoder reads invalid UTF-8 as U+FFFD: so does this, re-rendered.
-            data, block = data.decode("utf-8", "replace").encode(), None
-            try:
-                chunk = _DECODE(data)
-            except msgspec.DecodeError:
-                raise malformed(self.provider) from None
+        chunk, data, block = decode_event(_DECODE, data, block, self.provider)
         if chunk.error:  # in-band error from the upstream: never its text
             raise reported_error(self.provider)
         if not self.finished:

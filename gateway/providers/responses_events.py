@@ -14,8 +14,8 @@ from typing import NamedTuple
 import msgspec
 
 from model_gateway.gateway.providers.shapes import ResponsesEvent
-from model_gateway.gateway.providers.sse_blocks import BlockSplitter
-from model_gateway.gateway.providers.upstream import malformed, reported_error
+from model_gateway.gateway.providers.sse_blocks import BlockSplitter, decode_event
+from model_gateway.gateway.providers.upstream import reported_error
 from model_gateway.pipeline.errors import GatewayError
 
 _DECODE = msgspec.json.Decoder(ResponsesEvent).decode
@@ -57,15 +57,7 @@ class NativeResponsesEvents:
         return events, None
 
     def _event(self, name: bytes | None, data: bytes, block: bytes | None) -> ResponsesStreamEvent:
-        try:
-            event = _DECODE(data)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            # The SSE decoder reads invalid UTF-8 as U+FFFD: so does this, re-rendered.
-            data, block = data.decode("utf-8", "replace").encode(), None
-            try:
-                event = _DECODE(data)
-            except msgspec.DecodeError:
-                raise malformed(self.provider) from None
+        event, data, block = decode_event(_DECODE, data, block, self.provider)
         label = (name or b"").decode("utf-8", "replace") or event.type or ""
         if label in _FAILED:
             raise reported_error(self.provider)

@@ -10,9 +10,15 @@ through the full SSE decoder and comes out without a block: its reader re-render
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
+
+import msgspec
 
 from model_gateway.gateway.inference.sse import SSEDecoder
+from model_gateway.gateway.providers.upstream import malformed
+
+T = TypeVar("T")
 
 
 class Block(NamedTuple):
@@ -62,3 +68,19 @@ def _decoded(decoder: SSEDecoder, read: bytes) -> list[Block]:
         Block(None if e.event is None else e.event.encode(), e.data.encode(), None)
         for e in decoder.feed(read)
     ]
+
+
+def decode_event(
+    decode: Callable[[bytes], T], data: bytes, block: bytes | None, provider: str
+) -> tuple[T, bytes, bytes | None]:
+    """The event's data decoded, with its data and block. Invalid UTF-8 is read as the SSE
+    decoder reads it (U+FFFD), and such an event is re-rendered (no block); data that does
+    not decode into its shape is the upstream's malformed answer."""
+    try:
+        return decode(data), data, block
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        data = data.decode("utf-8", "replace").encode()
+        try:
+            return decode(data), data, None
+        except msgspec.DecodeError:
+            raise malformed(provider) from None
