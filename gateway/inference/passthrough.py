@@ -20,11 +20,11 @@ import msgspec
 import orjson
 
 from model_gateway.gateway.inference.renderers import ChatStream
+from model_gateway.gateway.inference.sse import BLANK_LINE
 from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
 from model_gateway.gateway.providers.chat_events import ChatEvent
 
 _NULL_USAGE = b',"usage":null'
-_BLANK_LINE = b"\n\n"
 
 
 class ChatPassThrough(ChatStream):
@@ -42,7 +42,7 @@ class ChatPassThrough(ChatStream):
                 out.append(self.render(orjson.loads(event.data)))
             else:
                 self._output.append(event.data)
-                out += (block, _BLANK_LINE)
+                out += (block, BLANK_LINE)
         return b"".join(out)
 
     def _passed(self, event: ChatEvent) -> bytes | None:

@@ -13,14 +13,14 @@ import msgspec
 import orjson
 
 from model_gateway.gateway.inference.responses_stream import ResponsesEvents
-from model_gateway.gateway.inference.sse import DONE, data_event, named_event
+from model_gateway.gateway.inference.sse import BLANK_LINE, DONE, data_event, named_event
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
     reported,
     shown_usage,
 )
-from model_gateway.gateway.providers.responses_events import ResponsesStreamEvent
+from model_gateway.gateway.providers.responses_events import RESPONSE_ENDS, ResponsesStreamEvent
 from model_gateway.pipeline.errors import GatewayError
 
 
@@ -160,8 +160,6 @@ _DELTAS = {
     "response.function_call_arguments.delta",
     "response.refusal.delta",
 }
-_ENDS = {"response.completed", "response.incomplete"}
-_BLANK_LINE = b"\n\n"
 
 
 class NativeResponsesRenderer:
@@ -184,7 +182,7 @@ class NativeResponsesRenderer:
             if name in _DELTAS:
                 self._output.append(text_of(event.delta))
             if block is not None and event.response is None:
-                out += (block, _BLANK_LINE)  # as it came: nothing in it is the gateway's
+                out += (block, BLANK_LINE)  # as it came: nothing in it is the gateway's
             else:
                 out.append(self._rendered(name, msgspec.json.decode(data)))
         return b"".join(out)
@@ -194,7 +192,7 @@ class NativeResponsesRenderer:
         response = payload.get("response")
         if isinstance(response, dict):
             response["model"] = self.model_id
-            if name in _ENDS and "usage" in response:  # the last event: the output is whole
+            if name in RESPONSE_ENDS and "usage" in response:  # the last event: the output is whole
                 self._usage = usage = response["usage"]
                 response["usage"] = shown_usage(
                     usage, self.prompt, self.output_text(), RESPONSES_KEYS

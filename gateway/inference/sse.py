@@ -8,6 +8,7 @@ from typing import NamedTuple
 import orjson
 
 DONE = b"data: [DONE]\n\n"
+BLANK_LINE = b"\n\n"  # ends an event
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 

@@ -20,7 +20,7 @@ from model_gateway.pipeline.errors import GatewayError
 
 _DECODE = msgspec.json.Decoder(ResponsesEvent).decode
 _DONE = b"[DONE]"
-_ENDS = frozenset({"response.completed", "response.incomplete"})
+RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete"})
 _FAILED = frozenset({"response.failed", "error"})
 
 
@@ -61,6 +61,6 @@ class NativeResponsesEvents:
         label = (name or b"").decode("utf-8", "replace") or event.type or ""
         if label in _FAILED:
             raise reported_error(self.provider)
-        self.done = label in _ENDS
+        self.done = label in RESPONSE_ENDS
         # Without its `event:` line the client gets one: re-rendered.
         return ResponsesStreamEvent(label, data, block if name else None, event)
