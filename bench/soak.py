@@ -17,7 +17,6 @@ run, not runs on different days.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import subprocess
 import sys
@@ -25,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway_target import start_gateway
 from load import BENCH_DIR, WRK_THREADS, wrk_version
 from procs import StartError, memory_kib
-from run import CHAT, CHAT_STREAM, Bench, log
-from storage_size import GOAL_BYTES, checkpoint, measure
+from run import CHAT, CHAT_STREAM, log
+from storage_size import GOAL_BYTES, checkpoint, measure, metered_gateway
 from storage_size import render as render_size
 
 CONNECTIONS = 32
@@ -88,44 +86,37 @@ def main() -> int:
     rows: list[tuple[int, list[float], float]] = []
     with tempfile.TemporaryDirectory(prefix="gateway-soak-") as name:
         folder = Path(name)
-        bench = Bench(argparse.Namespace(chunks=8, delay_ms=0), folder, io.StringIO())
         try:
-            mock = bench.start_script("mock", "mock_upstream.py")
-            server, key = start_gateway(args.gateway, folder / "gw", mock.url + "/v1", True)
-            bench.servers.append(server)
-            db = folder / "gw" / "gw.db"
-            bodies = []
-            for kind in SCENARIOS:
-                bodies.append(folder / f"{kind.name.replace(' ', '-')}.json")
-                bodies[-1].write_bytes(kind.data)
-            lines.append(
-                f"| 0 (idle) | | | {rss_mib(server.pid):.1f} | {db_mib(db):.1f} | |"
-                f" {load_average()} |"
-            )
-            print(lines[-1], flush=True)
-            for minute in range(1, args.minutes + 1):
-                runs = [
-                    wrk(server.url + kind.path, key, body, 60)
-                    for kind, body in zip(SCENARIOS, bodies, strict=True)
-                ]
-                counts = [requests_of(run.communicate()[0]) for run in runs]
-                if server.proc.poll() is not None:
-                    raise RuntimeError(f"the gateway exited in minute {minute}")
-                rps = [n / 60 for n, _ in counts]
-                rss = rss_mib(server.pid)
-                rows.append((minute, rps, rss))
+            with metered_gateway(args.gateway, folder) as (server, key, db):
+                bodies = []
+                for kind in SCENARIOS:
+                    bodies.append(folder / f"{kind.name.replace(' ', '-')}.json")
+                    bodies[-1].write_bytes(kind.data)
                 lines.append(
-                    f"| {minute} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rss:.1f}"
-                    f" | {db_mib(db):.1f} | {sum(e for _, e in counts)} | {load_average()} |"
+                    f"| 0 (idle) | | | {rss_mib(server.pid):.1f} | {db_mib(db):.1f} | |"
+                    f" {load_average()} |"
                 )
                 print(lines[-1], flush=True)
-            time.sleep(2)  # the log appends what was settled last
-            server.stop()
+                for minute in range(1, args.minutes + 1):
+                    runs = [
+                        wrk(server.url + kind.path, key, body, 60)
+                        for kind, body in zip(SCENARIOS, bodies, strict=True)
+                    ]
+                    counts = [requests_of(run.communicate()[0]) for run in runs]
+                    if server.proc.poll() is not None:
+                        raise RuntimeError(f"the gateway exited in minute {minute}")
+                    rps = [n / 60 for n, _ in counts]
+                    rss = rss_mib(server.pid)
+                    rows.append((minute, rps, rss))
+                    lines.append(
+                        f"| {minute} | {rps[0]:,.0f} | {rps[1]:,.0f} | {rss:.1f}"
+                        f" | {db_mib(db):.1f} | {sum(e for _, e in counts)} | {load_average()} |"
+                    )
+                    print(lines[-1], flush=True)
+                time.sleep(2)  # the log appends what was settled last
         except (StartError, RuntimeError) as error:
             log(f"aborted: {error}")
             return 1
-        finally:
-            bench.stop()
         checkpoint(db)
         size = measure(db)
     lines += ["", render_size(size), *verdicts(rows, size.per_request)]

@@ -15,18 +15,20 @@ Goal (issue 14): at most 400 bytes a request, indexes included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway_target import start_gateway
+from gateway_target import start_gateway, start_mock
 from load import run_wrk, wrk_version
 from procs import Server, StartError
-from run import CHAT, CHAT_STREAM, Bench, log
+from run import CHAT, CHAT_STREAM, log
 
 GOAL_BYTES = 400
 CHUNK_S = 5  # wrk runs this long between two counts of the receipts
@@ -115,6 +117,20 @@ def drive(server: Server, key: str, db: Path, requests: int, connections: int, f
         time.sleep(0.5)  # the log appends within about 250 ms
 
 
+@contextlib.contextmanager
+def metered_gateway(gateway: Path, folder: Path) -> Iterator[tuple[Server, str, Path]]:
+    """A mock upstream and a metered gateway in front of it on a fresh SQLite database in
+    `folder`: the gateway, its key and its database file; both stopped on the way out."""
+    servers = [start_mock(folder)]
+    try:
+        server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True)
+        servers.append(server)
+        yield server, key, folder / "gw" / "gw.db"
+    finally:
+        for running in reversed(servers):
+            running.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -131,19 +147,12 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="gateway-size-") as name:
         folder = Path(name)
-        bench = Bench(argparse.Namespace(chunks=8, delay_ms=0), folder, io.StringIO())
         try:
-            mock = bench.start_script("mock", "mock_upstream.py")
-            server, key = start_gateway(args.gateway, folder / "gw", mock.url + "/v1", True)
-            bench.servers.append(server)
-            db = folder / "gw" / "gw.db"
-            drive(server, key, db, args.requests, args.connections, folder)
-            server.stop()
+            with metered_gateway(args.gateway, folder) as (server, key, db):
+                drive(server, key, db, args.requests, args.connections, folder)
         except (StartError, RuntimeError) as error:
             log(f"aborted: {error}")
             return 1
-        finally:
-            bench.stop()
         checkpoint(db)
         print(render(measure(db)))
     return 0
