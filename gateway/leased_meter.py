@@ -63,7 +63,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -260,18 +259,7 @@ class LeasedMeter(StorageMeter):
             size = min(demand.wanted(amount), _room(figures) // SHARE)
             if size < max(amount, 1):
                 return None
-            now = int(time.time())
-            record = ReservationRecord(
-                # The form of a hold's id, stored in 12 bytes by a receipt (migration 0011).
-                id="rsv_" + secrets.token_hex(12),
-                project_id=project_id,
-                key_id=key_id,
-                amount=size,
-                month=month,
-                owner=self.owner,
-                lease_until=self._lease_until(),
-                created_at=now,
-            )
+            record = self._hold_record(project_id, key_id, size, month)
             try:
                 await self.storage.grant_lease(record)
             except LimitReached:

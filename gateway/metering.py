@@ -150,17 +150,7 @@ class StorageMeter:
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> ReservationRecord:
         if self.instance is not None:
             self.instance.check_serving()
-        now = int(time.time())
-        reservation = ReservationRecord(
-            id="rsv_" + secrets.token_hex(12),
-            project_id=project_id,
-            key_id=key_id,
-            amount=amount,
-            month=current_month(),
-            owner=self.owner,
-            lease_until=self._lease_until(),
-            created_at=now,
-        )
+        reservation = self._hold_record(project_id, key_id, amount, current_month())
         try:
             await self.storage.reserve(reservation)
         except LimitReached as refused:
@@ -171,6 +161,22 @@ class StorageMeter:
             ) from None
         self.open_holds += 1
         return reservation
+
+    def _hold_record(
+        self, project_id: str, key_id: str | None, amount: int, month: str
+    ) -> ReservationRecord:
+        """A new hold (or lease) of this process, leased to it like its others."""
+        return ReservationRecord(
+            # The form of a hold's id, stored in 12 bytes by a receipt (migration 0011).
+            id="rsv_" + secrets.token_hex(12),
+            project_id=project_id,
+            key_id=key_id,
+            amount=amount,
+            month=month,
+            owner=self.owner,
+            lease_until=self._lease_until(),
+            created_at=int(time.time()),
+        )
 
     async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
         assert isinstance(reservation, ReservationRecord)
