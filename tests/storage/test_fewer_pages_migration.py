@@ -98,7 +98,7 @@ async def test_every_row_reads_back_and_the_tables_are_rebuilt(migrated):
         assert tables["reservations"].rstrip().endswith("WITHOUT ROWID")
         assert "AUTOINCREMENT" not in tables["ledger"]
         assert conn.execute("SELECT * FROM sqlite_sequence WHERE name = 'ledger'").fetchall() == []
-        indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        indexes = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
         assert "reservations_owner" not in indexes
         assert {"reservations_leases", "ledger_project", "ledger_receipt"} <= indexes
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):
@@ -142,12 +142,11 @@ async def test_a_hold_and_a_settlement_write_the_pages_the_header_says(migrated)
     n = 200
     for i in range(n):
         start = wal.stat().st_size
-        await storage.reserve(
-            ReservationRecord(
-                id=f"rsv_p{i:08d}", project_id=PROJECT, key_id=KEY, amount=10, month=MONTH,
-                owner="h:1:1", lease_until=2**40, created_at=1,
-            )  # fmt: skip
-        )
+        hold = ReservationRecord(
+            id=f"rsv_p{i:08d}", project_id=PROJECT, key_id=KEY, amount=10, month=MONTH,
+            owner="h:1:1", lease_until=2**40, created_at=1,
+        )  # fmt: skip
+        await storage.reserve(hold)
         held = wal.stat().st_size
         assert await storage.settle(_receipt(100 + i, f"rsv_p{i:08d}", 5))
         pages["hold"] += (held - start) // WAL_FRAME
