@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -50,7 +51,7 @@ from model_gateway.gateway.inference.usage import (
 from model_gateway.gateway.pricing import InferencePricing
 from model_gateway.gateway.providers import Provider, Providers, ResponsesUnsupported
 from model_gateway.gateway.providers.upstream import Acceptance
-from model_gateway.gateway.routing.attempts import attempt_chain
+from model_gateway.gateway.routing.attempts import attempt_chain, stream_ended
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import JSON_CONTENT_TYPE, ProviderTimeout
 from model_gateway.pipeline.validation import decoder
@@ -153,7 +154,8 @@ class InferenceHandlers:
             ctx.upstream_seconds += time.perf_counter() - started
 
     def _upstream(self, ctx, provider: Provider, events, acceptance: Acceptance) -> Upstream:
-        return Upstream(events, self.timeout_s, provider.name, acceptance, ctx)
+        ended = partial(stream_ended, ctx, self.providers, self.metrics, provider.name)
+        return Upstream(events, self.timeout_s, provider.name, acceptance, ctx, ended)
 
     async def chat_completions(self, ctx: RequestContext):
         request = msgspec.to_builtins(ctx.payload)

@@ -56,13 +56,17 @@ class Upstream:
         timeout_s: float,
         provider: str,
         acceptance: Acceptance,
-        ctx: Any = None,
+        ctx: Any,
+        ended: Callable[..., None],
     ) -> None:
         self.events = events
         self.timeout_s = timeout_s
         self.provider = provider
         self.acceptance = acceptance  # marked by the provider when the upstream answers 2xx
         self.ctx = ctx  # its upstream_seconds adds up the waits (the overhead histogram)
+        self._ended = ended  # the verdict on the provider (routing.attempts.stream_ended)
+        self._judged = False
+        self.returned = False  # set once a response streams it (it owes the verdict then)
 
     async def next(self) -> Any:
         """The next event, or `_END`; ProviderTimeout when none came in time."""
@@ -76,11 +80,18 @@ class Upstream:
             log.warning("provider %s sent nothing for %.1f s", self.provider, self.timeout_s)
             raise ProviderTimeout() from None
         finally:
-            if self.ctx is not None:
-                self.ctx.upstream_seconds += time.perf_counter() - started
+            self.ctx.upstream_seconds += time.perf_counter() - started
+
+    def judge(self, error: GatewayError | None, *, abandoned: bool = False) -> None:
+        """Give the provider's verdict for this stream, once: None is a completed stream."""
+        if not self._judged:
+            self._judged = True
+            self._ended(error, abandoned=abandoned)
 
     async def aclose(self) -> None:
         await self.events.aclose()
+        if self.returned:  # a stream that never ran its body (the client left at once)
+            self.judge(None, abandoned=True)
 
 
 class Renderer(Protocol):
@@ -102,6 +113,7 @@ class EventStreamResponse(StreamingResponse):
     """text/event-stream whose upstream is closed the moment the response ends, however."""
 
     media_type = "text/event-stream"
+    judges_at_end = True  # its upstream gives the provider's verdict (routing.attempts)
 
     async def stream_response(self, send) -> None:
         await send(
@@ -143,6 +155,7 @@ async def open_stream(
     except BaseException:
         await upstream.aclose()
         raise
+    upstream.returned = True
     return EventStreamResponse(_body(ctx, first, upstream, renderer, prompt), upstream.aclose)
 
 
@@ -165,18 +178,15 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
                 event = await upstream.next()
             chunk = renderer.finish()
             outcome = "succeeded"
+            upstream.judge(None)
         except Exception as exc:
             outcome = "failed"
             if not isinstance(exc, GatewayError):
                 log.exception("unexpected failure in a stream request_id=%s", ctx.request_id)
+                upstream.judge(None, abandoned=True)
                 exc = InternalError()
-            else:  # after the first byte: no fallback, but the operator hears of it
-                log.warning(
-                    "provider %s failed mid-stream: %s request_id=%s",
-                    upstream.provider,
-                    getattr(exc, "reason", exc.type),
-                    ctx.request_id,
-                )
+            else:  # after the first byte: no fallback, but it counts against the provider
+                upstream.judge(exc)
             chunk = renderer.error(exc, ctx.request_id)
         digest.update(chunk)
         _meter(ctx, renderer, prompt, digest, outcome)

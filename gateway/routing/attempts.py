@@ -68,7 +68,8 @@ async def attempt_chain(
         except BaseException:
             breaker.abandoned()  # the client left, or a bug: no verdict on the provider
             raise
-        breaker.success()
+        if not getattr(response, "judges_at_end", False):  # a stream: see stream_ended
+            breaker.success()
         ctx.provider = name
         response.headers["x-gateway-provider"] = name
         return response
@@ -80,6 +81,43 @@ async def attempt_chain(
             retry_after=min(skipped),
         )
     raise ServiceUnavailable("No provider of this model is configured.")
+
+
+def stream_ended(
+    ctx: RequestContext,
+    providers: Providers,
+    metrics: Metrics | None,
+    provider: str,
+    error: GatewayError | None,
+    *,
+    abandoned: bool = False,
+) -> None:
+    """The verdict on the provider of a stream, given when the stream ends (not when its
+    first event came: a provider that cuts every stream midway is failing). A failure
+    after the first byte cannot fall back, but is the provider's as much as one before
+    it: logged, counted in upstream_failures, and against the breaker when it is the
+    provider's fault. `abandoned`: the client left, or a bug of ours (no verdict)."""
+    breaker = providers.breakers[provider]
+    if abandoned:
+        breaker.abandoned()
+        return
+    if error is None:
+        breaker.success()
+        return
+    reason = reason_of(error)
+    if metrics is not None:
+        metrics.upstream_failures.labels(provider, reason).inc()
+    if reason in RETRYABLE:
+        breaker.failure()
+    else:
+        breaker.success()
+    log.warning(
+        "provider %s failed mid-stream: %s request_id=%s",
+        provider,
+        WORDS.get(reason, reason),
+        ctx.request_id,
+        extra=_fields(ctx, provider, reason),
+    )
 
 
 def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics) -> None:

@@ -119,6 +119,20 @@ def breaking(tmp_path_factory, fake_openai, fake_anthropic):
     process.stop()
 
 
+@pytest.fixture(scope="module")
+def cutting(tmp_path_factory, fake_openai, fake_anthropic):
+    """Streams cut midway; a breaker that opens after 2 failures and stays open 60 s."""
+    config = _providers(fake_openai.url, fake_anthropic.url, "ms")
+    config += "\n[routing]\nbreaker_failures = 2\nbreaker_cooldown_s = 60\n"
+    config += _model("ms/cut", "ms-oa", "cut-mid-stream")
+    config += _model("ms/good", "ms-oa", "normal")
+    config += _model("ms/an-cut", "ms-an", "cut-mid-stream")
+    process, client = _start(tmp_path_factory.mktemp("cutting"), config, 'log_format = "json"')
+    yield process, client
+    client.close()
+    process.stop()
+
+
 def body(endpoint: str, model: str, stream: bool, marker: str) -> dict:
     prompt = f"Tell me something. {marker}"
     if endpoint == "chat":
@@ -389,3 +403,46 @@ def _wait_for(condition, timeout_s: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "model", "provider"),
+    [("chat", "ms/cut", "ms-oa"), ("responses", "ms/an-cut", "ms-an")],
+)
+def test_a_stream_cut_midway_counts_against_its_provider(
+    cutting, fake_openai, endpoint, model, provider
+):
+    """After the first byte no fallback is possible, but the failure is the provider's:
+    logged, counted in upstream_failures, and against its breaker."""
+    process, client = cutting
+    before = _metrics(process)
+    for _ in range(2):
+        response = client.post(PATHS[endpoint], json=body(endpoint, model, True, _marker()))
+        assert response.status_code == 200  # the stream had begun: the error is in-band
+        payloads = [p for p in sse_payloads(response.content) if isinstance(p, dict)]
+        assert any("error" in p or p.get("type") == "error" for p in payloads), payloads
+    after = _metrics(process)
+    failures = "gateway_upstream_failures_total"
+    counted = {
+        labels: value - before.get((name, labels), 0.0)
+        for (name, labels), value in after.items()
+        if name == failures and ("provider", provider) in labels
+    }
+    assert sum(counted.values()) == 2, counted
+    [(reason_labels, _)] = [(labels, n) for labels, n in counted.items() if n]
+    reason = dict(reason_labels)["reason"]
+    assert reason in {"unreachable", "bad_response"}  # the provider's fault
+    assert _health(process)["providers"][provider] == {"breaker": "open"}
+    request_id = response.headers["x-request-id"]
+    _wait_for(lambda: request_id in process.log())
+    lines = [orjson.loads(line) for line in process.log().splitlines() if line.startswith("{")]
+    logged = next(
+        line for line in lines
+        if line.get("logger") == "gateway.routing" and line.get("request_id") == request_id
+    )  # fmt: skip
+    assert "mid-stream" in logged["message"] and logged["reason"] == reason
+    if provider == "ms-oa":  # open: its next request is not even sent
+        marker = _marker()
+        response = client.post(PATHS["chat"], json=body("chat", "ms/good", False, marker))
+        assert_error(response, 503, "service_unavailable")
+        assert fake_openai.sent(marker=marker) == []
