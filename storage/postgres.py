@@ -49,6 +49,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from importlib import resources
+from operator import itemgetter
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]  # ships no type information
@@ -87,6 +88,7 @@ from model_gateway.storage.base import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 Connection = Any  # asyncpg.Connection, untyped
 Row = Any  # asyncpg.Record, untyped
 
@@ -211,6 +213,50 @@ def _leaf(row: Row) -> LogLeaf:
     return LogLeaf(**{**_fields(row, LogLeaf), "public_receipt": bytes(row["public_receipt"])})
 
 
+def _instance(row: Row) -> InstanceRecord:
+    return InstanceRecord(**_fields(row, InstanceRecord))
+
+
+def _sandbox(row: Row) -> SandboxRecord:
+    return SandboxRecord(**_fields(row, SandboxRecord))
+
+
+def _tree_head(row: Row) -> TreeHeadRecord:
+    return TreeHeadRecord(**_fields(row, TreeHeadRecord))
+
+
+def _purchase(row: Row) -> PurchaseRecord:
+    return PurchaseRecord(
+        **{**_fields(row, PurchaseRecord), "token_units": int(row["token_units"])}
+    )
+
+
+def _key_listing(row: Row) -> KeyListing:
+    return KeyListing(
+        key=_key(row),
+        name=row["name"],
+        last_used_at=None if row["last_used_us"] is None else row["last_used_us"] // 10**6,
+    )
+
+
+def _ledger_entry(row: Row) -> LedgerEntry:
+    return LedgerEntry(
+        id=row["id"],
+        kind=(
+            "payment"
+            if row["reference"] is not None
+            else "purchase"
+            if row["tx_hash"] is not None
+            else row["kind"]
+        ),
+        amount=row["amount"],
+        key_id=row["key_id"],
+        receipt_id=row["receipt_id"],
+        reference=row["reference"] or row["tx_hash"],
+        created_at=row["created_at"],
+    )
+
+
 async def _keep_session(conn: Connection) -> None:
     """Pool release hook: nothing to reset."""
 
@@ -312,6 +358,16 @@ class PostgresStorage(Storage):
     async def _run(self, op: Callable[[Connection], Awaitable[T]]) -> T:
         """Run `op` on a pooled connection, rerunning a serialization failure or deadlock."""
         return await _on_connection(self._pool, op)
+
+    async def _one(self, record: Callable[[Row], R], sql: str, *args: object) -> R | None:
+        """The first row of a read as its record, or None."""
+        row = await self._run(lambda c: c.fetchrow(sql, *args))
+        return None if row is None else record(row)
+
+    async def _all(self, record: Callable[[Row], R], sql: str, *args: object) -> list[R]:
+        """Every row of a read as its record."""
+        rows = await self._run(lambda c: c.fetch(sql, *args))
+        return [record(row) for row in rows]
 
     async def _migrate(self) -> None:
         async def migrate(conn: Connection) -> None:
@@ -468,10 +524,7 @@ class PostgresStorage(Storage):
         return project
 
     async def get_project(self, project_id: str) -> ProjectRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow("SELECT * FROM projects WHERE id = $1", project_id)
-        )
-        return None if row is None else _project(row)
+        return await self._one(_project, "SELECT * FROM projects WHERE id = $1", project_id)
 
     async def archive_project(self, project_id: str) -> ProjectRecord:
         row = await self._leave_state(
@@ -528,10 +581,7 @@ class PostgresStorage(Storage):
         return key
 
     async def get_key(self, prefix: str) -> KeyRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow("SELECT * FROM api_keys WHERE prefix = $1", prefix)
-        )
-        return None if row is None else _key(row)
+        return await self._one(_key, "SELECT * FROM api_keys WHERE prefix = $1", prefix)
 
     async def revoke_key(self, prefix: str) -> KeyRecord:
         row = await self._leave_state(
@@ -575,13 +625,11 @@ class PostgresStorage(Storage):
         await self._run(lambda c: c.execute("DELETE FROM instances WHERE id = $1", instance_id))
 
     async def list_instances(self) -> list[InstanceRecord]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT id, started_at, lease_until, acked,"
-                " lease_until >= gateway_now_ms() AS live FROM instances ORDER BY id"
-            )
+        return await self._all(
+            _instance,
+            "SELECT id, started_at, lease_until, acked,"
+            " lease_until >= gateway_now_ms() AS live FROM instances ORDER BY id",
         )
-        return [InstanceRecord(**_fields(row, InstanceRecord)) for row in rows]
 
     async def forget_instances(self, expired_for_ms: int) -> int:
         status = await self._run(
@@ -733,10 +781,7 @@ class PostgresStorage(Storage):
         return 0 if spent is None else int(spent)
 
     async def get_receipt(self, receipt_id: str) -> ReceiptRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow("SELECT * FROM receipts WHERE id = $1", receipt_id)
-        )
-        return None if row is None else _receipt(row)
+        return await self._one(_receipt, "SELECT * FROM receipts WHERE id = $1", receipt_id)
 
     async def audit(self, project_id: str, month: str) -> Audit:
         # One statement: one snapshot, so the counters and the sums are of the same moment.
@@ -788,55 +833,48 @@ class PostgresStorage(Storage):
         return sandbox
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow(
-                "SELECT id, project_id, runtime, timeout_s, memory_mb, created_at"
-                " FROM sandboxes WHERE id = $1",
-                sandbox_id,
-            )
+        return await self._one(
+            _sandbox,
+            "SELECT id, project_id, runtime, timeout_s, memory_mb, created_at"
+            " FROM sandboxes WHERE id = $1",
+            sandbox_id,
         )
-        return None if row is None else SandboxRecord(**_fields(row, SandboxRecord))
 
     # --- the transparency log --------------------------------------------------------
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
         # log_pending holds exactly the receipts in neither log_leaves nor log_entries
         # (their triggers take them out), in issue order.
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT r.* FROM log_pending q JOIN receipts r ON r.id = q.receipt_id"
-                " ORDER BY q.seq LIMIT $1",
-                limit,
-            )
+        return await self._all(
+            _receipt,
+            "SELECT r.* FROM log_pending q JOIN receipts r ON r.id = q.receipt_id"
+            " ORDER BY q.seq LIMIT $1",
+            limit,
         )
-        return [_receipt(row) for row in rows]
 
     async def unlogged_receipt_ids(self, limit: int) -> list[str]:
-        rows = await self._run(
-            lambda c: c.fetch("SELECT receipt_id FROM log_pending ORDER BY seq LIMIT $1", limit)
+        return await self._all(
+            itemgetter("receipt_id"),
+            "SELECT receipt_id FROM log_pending ORDER BY seq LIMIT $1",
+            limit,
         )
-        return [row["receipt_id"] for row in rows]
 
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT leaf_index, receipt_id, public_receipt, signature FROM log_leaves"
-                " WHERE leaf_index >= $1 ORDER BY leaf_index LIMIT $2",
-                start,
-                limit,
-            )
+        return await self._all(
+            _leaf,
+            "SELECT leaf_index, receipt_id, public_receipt, signature FROM log_leaves"
+            " WHERE leaf_index >= $1 ORDER BY leaf_index LIMIT $2",
+            start,
+            limit,
         )
-        return [_leaf(row) for row in rows]
 
     async def log_leaf(self, receipt_id: str) -> LogLeaf | None:
-        row = await self._run(
-            lambda c: c.fetchrow(
-                "SELECT leaf_index, receipt_id, public_receipt, signature FROM log_leaves"
-                " WHERE receipt_id = $1",
-                receipt_id,
-            )
+        return await self._one(
+            _leaf,
+            "SELECT leaf_index, receipt_id, public_receipt, signature FROM log_leaves"
+            " WHERE receipt_id = $1",
+            receipt_id,
         )
-        return None if row is None else _leaf(row)
 
     async def append_log_tiles(
         self, entries: list[LogEntry], tiles: list[LogTile], head: TreeHeadRecord | None
@@ -905,27 +943,21 @@ class PostgresStorage(Storage):
         return None if index is None else int(index)
 
     async def log_entry_receipts(self, start: int, end: int) -> list[tuple[int, ReceiptRecord]]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT e.leaf_index AS log_leaf_index, r.* FROM log_entries e"
-                " JOIN receipts r ON r.id = e.receipt_id"
-                " WHERE e.leaf_index >= $1 AND e.leaf_index < $2 ORDER BY e.leaf_index",
-                start,
-                end,
-            )
+        return await self._all(
+            lambda row: (int(row["log_leaf_index"]), _receipt(row)),
+            "SELECT e.leaf_index AS log_leaf_index, r.* FROM log_entries e"
+            " JOIN receipts r ON r.id = e.receipt_id"
+            " WHERE e.leaf_index >= $1 AND e.leaf_index < $2 ORDER BY e.leaf_index",
+            start,
+            end,
         )
-        return [(int(row["log_leaf_index"]), _receipt(row)) for row in rows]
 
     async def tree_head(self, size: int | None = None) -> TreeHeadRecord | None:
         if size is None:
-            row = await self._run(
-                lambda c: c.fetchrow("SELECT * FROM tree_heads ORDER BY size DESC LIMIT 1")
+            return await self._one(
+                _tree_head, "SELECT * FROM tree_heads ORDER BY size DESC LIMIT 1"
             )
-        else:
-            row = await self._run(
-                lambda c: c.fetchrow("SELECT * FROM tree_heads WHERE size = $1", size)
-            )
-        return None if row is None else TreeHeadRecord(**_fields(row, TreeHeadRecord))
+        return await self._one(_tree_head, "SELECT * FROM tree_heads WHERE size = $1", size)
 
     # --- the log's sequencer -----------------------------------------------------------
 
@@ -993,14 +1025,10 @@ class PostgresStorage(Storage):
         return msgspec.structs.replace(user, role=await self._run(create))
 
     async def get_user(self, email: str) -> UserRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow("SELECT * FROM users WHERE lower(email) = lower($1)", email)
-        )
-        return None if row is None else _user(row)
+        return await self._one(_user, "SELECT * FROM users WHERE lower(email) = lower($1)", email)
 
     async def list_users(self) -> list[UserRecord]:
-        rows = await self._run(lambda c: c.fetch("SELECT * FROM users ORDER BY seq"))
-        return [_user(row) for row in rows]
+        return await self._all(_user, "SELECT * FROM users ORDER BY seq")
 
     async def disable_user(self, email: str) -> UserRecord:
         async def disable(conn: Connection) -> Row:
@@ -1053,15 +1081,13 @@ class PostgresStorage(Storage):
         )
 
     async def session_user(self, id_hash: bytes, idle_since: int) -> UserRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow(
-                "SELECT u.* FROM sessions s JOIN users u ON u.id = s.user_id"
-                " WHERE s.id_hash = $1 AND s.seen_at >= $2 AND NOT u.disabled",
-                id_hash,
-                idle_since,
-            )
+        return await self._one(
+            _user,
+            "SELECT u.* FROM sessions s JOIN users u ON u.id = s.user_id"
+            " WHERE s.id_hash = $1 AND s.seen_at >= $2 AND NOT u.disabled",
+            id_hash,
+            idle_since,
         )
-        return None if row is None else _user(row)
 
     async def touch_session(self, id_hash: bytes, now: int) -> None:
         await self._run(
@@ -1088,14 +1114,12 @@ class PostgresStorage(Storage):
         )
 
     async def login_failures(self, subject: str, since: int) -> list[int]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT at FROM login_failures WHERE subject = $1 AND at >= $2 ORDER BY at",
-                subject,
-                since,
-            )
+        return await self._all(
+            lambda row: int(row["at"]),
+            "SELECT at FROM login_failures WHERE subject = $1 AND at >= $2 ORDER BY at",
+            subject,
+            since,
         )
-        return [int(row["at"]) for row in rows]
 
     async def clear_login_failures(self, subject: str) -> None:
         await self._run(
@@ -1103,14 +1127,12 @@ class PostgresStorage(Storage):
         )
 
     async def list_projects(self, ids: set[str] | None = None) -> list[ProjectRecord]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT * FROM projects WHERE $1::text[] IS NULL OR id = ANY($1)"
-                " ORDER BY created_at DESC, seq DESC",
-                None if ids is None else sorted(ids),
-            )
+        return await self._all(
+            _project,
+            "SELECT * FROM projects WHERE $1::text[] IS NULL OR id = ANY($1)"
+            " ORDER BY created_at DESC, seq DESC",
+            None if ids is None else sorted(ids),
         )
-        return [_project(row) for row in rows]
 
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
         columns = ("monthly_budget", "rpm", "allow_models", "exclude_models")
@@ -1168,22 +1190,13 @@ class PostgresStorage(Storage):
         return row
 
     async def list_keys(self, project_id: str) -> list[KeyListing]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT k.*, (SELECT max(r.created_at) FROM receipts r WHERE r.key_id = k.id)"
-                " AS last_used_us FROM api_keys k WHERE k.project_id = $1"
-                " ORDER BY k.created_at DESC, k.seq DESC",
-                project_id,
-            )
+        return await self._all(
+            _key_listing,
+            "SELECT k.*, (SELECT max(r.created_at) FROM receipts r WHERE r.key_id = k.id)"
+            " AS last_used_us FROM api_keys k WHERE k.project_id = $1"
+            " ORDER BY k.created_at DESC, k.seq DESC",
+            project_id,
         )
-        return [
-            KeyListing(
-                key=_key(row),
-                name=row["name"],
-                last_used_at=None if row["last_used_us"] is None else row["last_used_us"] // 10**6,
-            )
-            for row in rows
-        ]
 
     async def usage(
         self, project_id: str, start_us: int, end_us: int, group_by: str
@@ -1193,82 +1206,56 @@ class PostgresStorage(Storage):
             "model": "r.model_or_runtime",
             "key": "k.prefix",
         }[group_by]
-        rows = await self._run(
-            lambda c: c.fetch(
-                f"SELECT {group} AS grp, count(*) AS requests,"  # noqa: S608 (a fixed expression)
-                " COALESCE(SUM((r.usage ->> 'input_tokens')::bigint), 0)::bigint"
-                "  AS input_tokens,"
-                " COALESCE(SUM((r.usage ->> 'output_tokens')::bigint), 0)::bigint"
-                "  AS output_tokens,"
-                " COALESCE(SUM(CASE r.kind WHEN 'sandbox'"
-                "  THEN (r.usage ->> 'duration_ms')::bigint END), 0)::bigint AS sandbox_ms,"
-                " SUM(r.cost)::bigint AS cost"
-                " FROM receipts r LEFT JOIN api_keys k ON k.id = r.key_id"
-                " WHERE r.project_id = $1 AND r.created_at >= $2 AND r.created_at < $3"
-                " GROUP BY grp ORDER BY grp",
-                project_id,
-                start_us,
-                end_us,
-            )
+        return await self._all(
+            lambda row: {**dict(row), "group": row["grp"]},
+            f"SELECT {group} AS grp, count(*) AS requests,"  # noqa: S608 (a fixed expression)
+            " COALESCE(SUM((r.usage ->> 'input_tokens')::bigint), 0)::bigint"
+            "  AS input_tokens,"
+            " COALESCE(SUM((r.usage ->> 'output_tokens')::bigint), 0)::bigint"
+            "  AS output_tokens,"
+            " COALESCE(SUM(CASE r.kind WHEN 'sandbox'"
+            "  THEN (r.usage ->> 'duration_ms')::bigint END), 0)::bigint AS sandbox_ms,"
+            " SUM(r.cost)::bigint AS cost"
+            " FROM receipts r LEFT JOIN api_keys k ON k.id = r.key_id"
+            " WHERE r.project_id = $1 AND r.created_at >= $2 AND r.created_at < $3"
+            " GROUP BY grp ORDER BY grp",
+            project_id,
+            start_us,
+            end_us,
         )
-        return [{**dict(row), "group": row["grp"]} for row in rows]
 
     async def list_receipts(
         self, project_id: str, limit: int, before: int | None
     ) -> list[tuple[int, ReceiptRecord]]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT * FROM receipts WHERE project_id = $1 AND seq < $2"
-                " ORDER BY seq DESC LIMIT $3",
-                project_id,
-                2**63 - 1 if before is None else before,
-                limit,
-            )
+        return await self._all(
+            lambda row: (int(row["seq"]), _receipt(row)),
+            "SELECT * FROM receipts WHERE project_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+            project_id,
+            2**63 - 1 if before is None else before,
+            limit,
         )
-        return [(int(row["seq"]), _receipt(row)) for row in rows]
 
     async def list_ledger(
         self, project_id: str, limit: int, before: int | None
     ) -> list[LedgerEntry]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT l.id, l.kind, l.amount, l.key_id, l.receipt_id, l.created_at,"
-                " p.reference, u.tx_hash FROM ledger l"
-                " LEFT JOIN payments p ON p.ledger_id = l.id"
-                " LEFT JOIN purchases u ON u.ledger_id = l.id"
-                " WHERE l.project_id = $1 AND l.id < $2 ORDER BY l.id DESC LIMIT $3",
-                project_id,
-                2**63 - 1 if before is None else before,
-                limit,
-            )
+        return await self._all(
+            _ledger_entry,
+            "SELECT l.id, l.kind, l.amount, l.key_id, l.receipt_id, l.created_at,"
+            " p.reference, u.tx_hash FROM ledger l"
+            " LEFT JOIN payments p ON p.ledger_id = l.id"
+            " LEFT JOIN purchases u ON u.ledger_id = l.id"
+            " WHERE l.project_id = $1 AND l.id < $2 ORDER BY l.id DESC LIMIT $3",
+            project_id,
+            2**63 - 1 if before is None else before,
+            limit,
         )
-        return [
-            LedgerEntry(
-                id=row["id"],
-                kind=(
-                    "payment"
-                    if row["reference"] is not None
-                    else "purchase"
-                    if row["tx_hash"] is not None
-                    else row["kind"]
-                ),
-                amount=row["amount"],
-                key_id=row["key_id"],
-                receipt_id=row["receipt_id"],
-                reference=row["reference"] or row["tx_hash"],
-                created_at=row["created_at"],
-            )
-            for row in rows
-        ]
 
     async def list_sandboxes(self, project_id: str) -> list[SandboxRecord]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT * FROM sandboxes WHERE project_id = $1 ORDER BY created_at DESC, seq DESC",
-                project_id,
-            )
+        return await self._all(
+            _sandbox,
+            "SELECT * FROM sandboxes WHERE project_id = $1 ORDER BY created_at DESC, seq DESC",
+            project_id,
         )
-        return [SandboxRecord(**_fields(row, SandboxRecord)) for row in rows]
 
     @staticmethod
     async def _credit_once(
@@ -1331,13 +1318,11 @@ class PostgresStorage(Storage):
         return payment
 
     async def payer_addresses(self, project_id: str) -> list[str]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT address FROM payer_addresses WHERE project_id = $1 ORDER BY address",
-                project_id,
-            )
+        return await self._all(
+            itemgetter("address"),
+            "SELECT address FROM payer_addresses WHERE project_id = $1 ORDER BY address",
+            project_id,
         )
-        return [row["address"] for row in rows]
 
     async def set_payer_addresses(self, project_id: str, addresses: list[str]) -> None:
         async def replace(conn: Connection) -> None:
@@ -1361,17 +1346,12 @@ class PostgresStorage(Storage):
         await self._run(replace)
 
     async def get_purchase(self, tx_hash: str) -> PurchaseRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow(
-                "SELECT u.*, l.month FROM purchases u JOIN ledger l ON l.id = u.ledger_id"
-                " WHERE u.tx_hash = $1",
-                tx_hash,
-            )
+        return await self._one(
+            _purchase,
+            "SELECT u.*, l.month FROM purchases u JOIN ledger l ON l.id = u.ledger_id"
+            " WHERE u.tx_hash = $1",
+            tx_hash,
         )
-        if row is None:
-            return None
-        fields = _fields(row, PurchaseRecord)
-        return PurchaseRecord(**{**fields, "token_units": int(row["token_units"])})
 
     async def record_purchase(self, purchase: PurchaseRecord) -> PurchaseRecord:
         p = purchase
@@ -1447,16 +1427,12 @@ class PostgresStorage(Storage):
         return agent
 
     async def get_agent(self, agent_id: str) -> AgentRecord | None:
-        row = await self._run(lambda c: c.fetchrow("SELECT * FROM agents WHERE id = $1", agent_id))
-        return None if row is None else _agent(row)
+        return await self._one(_agent, "SELECT * FROM agents WHERE id = $1", agent_id)
 
     async def list_agents(self, project_id: str) -> list[AgentRecord]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT * FROM agents WHERE project_id = $1 ORDER BY created_at, id", project_id
-            )
+        return await self._all(
+            _agent, "SELECT * FROM agents WHERE project_id = $1 ORDER BY created_at, id", project_id
         )
-        return [_agent(row) for row in rows]
 
     async def create_run(self, run: RunRecord) -> RunRecord:
         r = run
@@ -1477,27 +1453,21 @@ class PostgresStorage(Storage):
         return run
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        row = await self._run(
-            lambda c: c.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id)
-        )
-        return None if row is None else _agent_run(row)
+        return await self._one(_agent_run, "SELECT * FROM agent_runs WHERE id = $1", run_id)
 
     async def list_runs(self, agent_id: str, limit: int = 50) -> list[RunRecord]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT * FROM agent_runs WHERE agent_id = $1"
-                " ORDER BY created_at DESC, id DESC LIMIT $2",
-                agent_id,
-                limit,
-            )
+        return await self._all(
+            _agent_run,
+            "SELECT * FROM agent_runs WHERE agent_id = $1"
+            " ORDER BY created_at DESC, id DESC LIMIT $2",
+            agent_id,
+            limit,
         )
-        return [_agent_run(row) for row in rows]
 
     async def run_steps(self, run_id: str) -> list[StepRecord]:
-        rows = await self._run(
-            lambda c: c.fetch("SELECT * FROM agent_steps WHERE run_id = $1 ORDER BY seq", run_id)
+        return await self._all(
+            _step, "SELECT * FROM agent_steps WHERE run_id = $1 ORDER BY seq", run_id
         )
-        return [_step(row) for row in rows]
 
     async def begin_step(self, step: StepRecord) -> None:
         s = step
@@ -1697,12 +1667,11 @@ class PostgresStorage(Storage):
         return int(pending)
 
     async def recalled_leases(self, owner: str) -> list[str]:
-        rows = await self._run(
-            lambda c: c.fetch(
-                "SELECT id FROM reservations WHERE owner = $1 AND lease AND recalled", owner
-            )
+        return await self._all(
+            itemgetter("id"),
+            "SELECT id FROM reservations WHERE owner = $1 AND lease AND recalled",
+            owner,
         )
-        return [row["id"] for row in rows]
 
     async def lease_audit(self, project_id: str) -> tuple[int, int]:
         row = await self._run(
