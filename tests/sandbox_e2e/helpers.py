@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.gateway_process import GATEWAY, GatewayProcess, free_port
-from tests.support.processes import live_processes
+from tests.support.processes import listens_on, live_processes
 
 PER_EXECUTION = Decimal("0.001")
 PER_SECOND = Decimal("0.01")
@@ -42,7 +42,8 @@ class NodeProcess:
 
     def __init__(self, folder: Path, *, max_concurrent: int = 1) -> None:
         self.folder = folder
-        self.url = f"http://127.0.0.1:{free_port()}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.secret_file = folder / "sandbox-secret"
         self.config_path = folder / "node.toml"
         self.config_path.write_text(
@@ -66,7 +67,7 @@ class NodeProcess:
                 raise RuntimeError(f"node exited at start-up:\n{self.log_path.read_text()}")
             with contextlib.suppress(httpx.TransportError):
                 answer = httpx.get(self.url + "/healthz", timeout=1)
-                if answer.status_code == 200:
+                if answer.status_code == 200 and listens_on(self.process.pid, self.port):
                     self.isolation = answer.json()["isolation"]
                     return self
             time.sleep(0.05)

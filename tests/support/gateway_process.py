@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.processes import listens_on
+
 GATEWAY = str(Path(sys.executable).with_name("gateway"))
 
 BASE_CONFIG = """
@@ -134,10 +136,12 @@ class GatewayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited at start-up:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                healthy = httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+                if healthy and listens_on(self.process.pid, self.port):
                     return self
             except httpx.TransportError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         raise RuntimeError(f"gateway did not answer /healthz:\n{self.log()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
