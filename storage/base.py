@@ -714,6 +714,29 @@ class LedgerEntry(msgspec.Struct, kw_only=True):
     created_at: int
 
 
+def ledger_entry(
+    row: Any, unpack: Callable[[str, Any], str | None] = lambda _prefix, value: value
+) -> LedgerEntry:
+    """A listed ledger row (id, kind, amount, key_id, receipt_id, created_at, and the
+    reference or tx_hash of the payment or purchase behind a credit) as its entry.
+    `unpack` reads an id stored in a backend's own form ("key_", "rcpt_")."""
+    return LedgerEntry(
+        id=row["id"],
+        kind=(
+            "payment"
+            if row["reference"] is not None
+            else "purchase"
+            if row["tx_hash"] is not None
+            else row["kind"]
+        ),
+        amount=row["amount"],
+        key_id=unpack("key_", row["key_id"]),
+        receipt_id=unpack("rcpt_", row["receipt_id"]),
+        reference=row["reference"] or row["tx_hash"],
+        created_at=row["created_at"],
+    )
+
+
 class PaymentRecord(msgspec.Struct, kw_only=True):
     id: str
     project_id: str

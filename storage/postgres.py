@@ -82,6 +82,7 @@ from model_gateway.storage.base import (
     StorageError,
     TreeHeadRecord,
     UserRecord,
+    ledger_entry,
     now_s,
 )
 
@@ -236,24 +237,6 @@ def _key_listing(row: Row) -> KeyListing:
         key=_key(row),
         name=row["name"],
         last_used_at=None if row["last_used_us"] is None else row["last_used_us"] // 10**6,
-    )
-
-
-def _ledger_entry(row: Row) -> LedgerEntry:
-    return LedgerEntry(
-        id=row["id"],
-        kind=(
-            "payment"
-            if row["reference"] is not None
-            else "purchase"
-            if row["tx_hash"] is not None
-            else row["kind"]
-        ),
-        amount=row["amount"],
-        key_id=row["key_id"],
-        receipt_id=row["receipt_id"],
-        reference=row["reference"] or row["tx_hash"],
-        created_at=row["created_at"],
     )
 
 
@@ -1239,7 +1222,7 @@ class PostgresStorage(Storage):
         self, project_id: str, limit: int, before: int | None
     ) -> list[LedgerEntry]:
         return await self._all(
-            _ledger_entry,
+            ledger_entry,
             "SELECT l.id, l.kind, l.amount, l.key_id, l.receipt_id, l.created_at,"
             " p.reference, u.tx_hash FROM ledger l"
             " LEFT JOIN payments p ON p.ledger_id = l.id"

@@ -88,6 +88,7 @@ from model_gateway.storage.base import (
     StorageError,
     TreeHeadRecord,
     UserRecord,
+    ledger_entry,
     now_s,
 )
 from model_gateway.storage.files import (
@@ -1018,24 +1019,7 @@ class SQLiteStorage(Storage):
             (_pack("prj_", project_id), below, _MAX_INT, limit),
         )
         rows = sorted([*whole, *told], key=lambda row: row["id"], reverse=True)[:limit]
-        return [
-            LedgerEntry(
-                id=row["id"],
-                kind=(
-                    "payment"
-                    if row["reference"] is not None
-                    else "purchase"
-                    if row["tx_hash"] is not None
-                    else row["kind"]
-                ),
-                amount=row["amount"],
-                key_id=_unpack("key_", row["key_id"]),
-                receipt_id=_unpack("rcpt_", row["receipt_id"]),
-                reference=row["reference"] or row["tx_hash"],
-                created_at=row["created_at"],
-            )
-            for row in rows
-        ]
+        return [ledger_entry(row, _unpack) for row in rows]
 
     async def list_sandboxes(self, project_id: str) -> list[SandboxRecord]:
         rows = await self._fetchall(
