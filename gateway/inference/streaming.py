@@ -66,7 +66,6 @@ class Upstream:
         self.ctx = ctx  # its upstream_seconds adds up the waits (the overhead histogram)
         self._ended = ended  # the verdict on the provider (routing.attempts.stream_ended)
         self._judged = False
-        self.returned = False  # set once a response streams it (it owes the verdict then)
 
     async def next(self) -> Any:
         """The next event, or `_END`; ProviderTimeout when none came in time."""
@@ -90,8 +89,9 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self.events.aclose()
-        if self.returned:  # a stream that never ran its body (the client left at once)
-            self.judge(None, abandoned=True)
+        # Closed unjudged: the client left before the body ran, or the stream never opened
+        # (then the attempt chain's own verdict follows; this one only frees a trial slot).
+        self.judge(None, abandoned=True)
 
 
 class Renderer(Protocol):
@@ -155,7 +155,6 @@ async def open_stream(
     except BaseException:
         await upstream.aclose()
         raise
-    upstream.returned = True
     return EventStreamResponse(_body(ctx, first, upstream, renderer, prompt), upstream.aclose)
 
 

@@ -105,22 +105,14 @@ def stream_ended(
         breaker.success()
         return
     reason = reason_of(error)
-    if metrics is not None:
-        metrics.upstream_failures.labels(provider, reason).inc()
+    _failed(ctx, provider, reason, error, metrics, when=" mid-stream")
     if reason in RETRYABLE:
         breaker.failure()
     else:
         breaker.success()
-    log.warning(
-        "provider %s failed mid-stream: %s request_id=%s",
-        provider,
-        WORDS.get(reason, reason),
-        ctx.request_id,
-        extra=_fields(ctx, provider, reason),
-    )
 
 
-def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics) -> None:
+def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics, when: str = "") -> None:
     if metrics is not None:
         metrics.upstream_failures.labels(provider, reason).inc()
     detail = getattr(error, "detail", "") or error.status
@@ -129,8 +121,9 @@ def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics) -> No
         log.warning(message, provider, detail, ctx.request_id, extra=_fields(ctx, provider, reason))
         return
     log.warning(
-        "provider %s failed: %s (%s) request_id=%s",
+        "provider %s failed%s: %s (%s) request_id=%s",
         provider,
+        when,
         WORDS.get(reason, reason),
         detail,
         ctx.request_id,
