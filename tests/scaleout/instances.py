@@ -13,13 +13,25 @@ from model_gateway.storage import open_storage
 from tests.support.gateway_process import GatewayProcess
 
 LEASE_S = 2.0
-CLUSTER = f"\n[cluster]\nlease_s = {LEASE_S}\n"
 
 
-def instance(folder, url: str, secrets: str, extra: str = "", **options) -> GatewayProcess:
+def cluster(lease_s: float = LEASE_S) -> str:
+    return f"\n[cluster]\nlease_s = {lease_s}\n"
+
+
+CLUSTER = cluster()
+
+
+def instance(
+    folder, url: str, secrets: str, extra: str = "", lease_s: float = LEASE_S, **options
+) -> GatewayProcess:
     folder.mkdir()
     return GatewayProcess(
-        folder, storage_url=url, secrets_dir=secrets, extra_config=CLUSTER + extra, **options
+        folder,
+        storage_url=url,
+        secrets_dir=secrets,
+        extra_config=cluster(lease_s) + extra,
+        **options,
     )
 
 
