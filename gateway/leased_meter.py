@@ -71,7 +71,6 @@ import anyio
 
 from model_gateway.gateway.metering import StorageMeter, current_month, receipt_record
 from model_gateway.pipeline.context import Settlement
-from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
 from model_gateway.pipeline.ports import Reserved
 from model_gateway.storage import LimitReached, ReservationRecord
 
@@ -276,10 +275,11 @@ class LeasedMeter(StorageMeter):
     async def _direct(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
         """Today's atomic hold; refused, it first gets back what leases keep from it."""
         try:
-            return await super().reserve(project_id, key_id, amount)
-        except (InsufficientBalance, BudgetExceeded):
+            return await self._hold(project_id, key_id, amount, current_month())
+        except LimitReached:
             # Once more in every case: a lease another process ended on its own while we
-            # were refused is not recalled, but its money is back all the same.
+            # were refused is not recalled, but its money is back all the same. Only this
+            # second refusal is the request's (counted and explained).
             await self._make_room(project_id)
         return await super().reserve(project_id, key_id, amount)
 
@@ -333,10 +333,13 @@ class LeasedMeter(StorageMeter):
             await self.storage.release(lease.record.id)
             return remaining
         free = lease.free
-        if (free or answer) and await self.storage.return_lease(lease.record.id, free):
-            lease.remaining -= free
-            return free
-        return 0
+        if not (free or answer):
+            return 0
+        # Taken out before the write: a concurrent give-back (refused requests make room
+        # all at once) finds nothing free, so the money of the holds in flight never goes
+        # back twice. Should the write fail, the lease keeps more than we count: safe.
+        lease.remaining -= free
+        return free if await self.storage.return_lease(lease.record.id, free) else 0
 
     # -- housekeeping ---------------------------------------------------------------------
 

@@ -150,15 +150,22 @@ class StorageMeter:
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> ReservationRecord:
         if self.instance is not None:
             self.instance.check_serving()
-        reservation = self._hold_record(project_id, key_id, amount, current_month())
+        month = current_month()
         try:
-            await self.storage.reserve(reservation)
+            return await self._hold(project_id, key_id, amount, month)
         except LimitReached as refused:
             if self.metrics is not None:
                 self.metrics.reservation_refused(refused.reason)
             raise await explain(
-                self.storage, refused.reason, project_id, key_id, amount, reservation.month
+                self.storage, refused.reason, project_id, key_id, amount, month
             ) from None
+
+    async def _hold(
+        self, project_id: str, key_id: str | None, amount: int, month: str
+    ) -> ReservationRecord:
+        """The atomic hold; LimitReached, uncounted and unexplained, when refused."""
+        reservation = self._hold_record(project_id, key_id, amount, month)
+        await self.storage.reserve(reservation)
         self.open_holds += 1
         return reservation
 

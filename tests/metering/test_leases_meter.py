@@ -139,3 +139,22 @@ async def test_a_settlement_that_fails_retires_its_lease(tmp_path):
         assert isinstance(third, LeaseHold) and third.lease is not first.lease
     finally:
         await storage.close()
+
+
+async def test_concurrent_give_backs_return_the_free_part_once(storage):
+    """Refused requests give their project's leases back all at once (`_make_room`): the
+    free part goes back once, so the holds in flight stay covered and are charged."""
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    # More than half of the lease in flight: what is free fits twice in what is left.
+    holds = [await meter.reserve(pid, kid, 100) for _ in range(SLICE_HOLDS - 2)]
+    assert len({hold.lease for hold in holds}) == 1
+    free = holds[0].lease.free
+    returned = await asyncio.gather(*(meter.give_back(lambda _: True) for _ in range(4)))
+    assert sum(returned) == free
+    for hold in holds:
+        await meter.settle(hold, settlement(100))
+    account = await storage.project_account(pid, current_month())
+    assert (account.balance, account.reserved) == (1_000_000 - 100 * len(holds), 0)
+    await meter.stop()
+    assert (await storage.project_account(pid, current_month())).leased == 0
