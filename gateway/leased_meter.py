@@ -32,6 +32,8 @@ Rules
   from a lease or direct: the others may be sweeping its leases.
 - Requests without a key (hosted agents' steps, whose holds the run tracks by id) always
   take direct holds.
+- What requests hold of a lease is shown as `reserved` at most `POLL_S` late (their
+  lease holds the money from the start): the owner writes it with its housekeeping.
 - Leases go back when unused for `IDLE_S`, on shutdown, and after any admin change (a
   new budget or limit applies to the next hold, as it does today); a lease that still
   has requests in flight gives back its free part and ends when the last one closes.
@@ -40,7 +42,9 @@ Invariants (checked by tests/metering/test_leases_state_machine.py)
 -------------------------------------------------------------------
 - balance = credits - Σ charges (the ledger), charges never above a request's hold.
 - `reserved` counter = Σ open rows (holds and leases), `leased` = Σ open leases; what
-  `project_account` shows as reserved is the requests' own holds, leases apart.
+  `project_account` shows as reserved is the requests' own holds: direct ones, and what
+  they hold of leases as the owner last wrote it (`in_use`, migration 0014, written by
+  the housekeeping every `POLL_S` while it changes); the rest of the leases apart.
 - In this process, for each lease: holds taken from it ≤ what is left of it in the
   database; so the money a process can spend is what it leased, and a lease's owner is
   the only one that charges against it (its id never leaves the process).
@@ -88,13 +92,17 @@ Slot = tuple[str, str, str]  # project, key, month
 
 
 class Lease:
-    __slots__ = ("gone", "held", "record", "remaining", "retired", "slot", "used_at")
+    __slots__ = (
+        "gone", "held", "record", "remaining", "retired", "slot", "used_at", "writes", "written"
+    )  # fmt: skip
 
     def __init__(self, record: ReservationRecord, slot: Slot) -> None:
         self.record = record
         self.slot = slot
         self.remaining = record.amount  # what the database has left of it (or less)
         self.held = 0  # holds taken from it, not yet settled or released
+        self.written = 0  # `held` as last written to its row (in_use: shown as reserved)
+        self.writes = 0  # how many writes of `held` were issued
         self.retired = False  # takes no new hold; ends when its last hold closes
         self.gone = False  # ended in the database
         self.used_at = time.monotonic()
@@ -107,12 +115,13 @@ class Lease:
 class LeaseHold:
     """A request's hold taken from a lease: exists only in this process."""
 
-    __slots__ = ("amount", "id", "lease")
+    __slots__ = ("amount", "id", "lease", "writes")
 
     def __init__(self, hold_id: str, amount: int, lease: Lease) -> None:
         self.id = hold_id
         self.amount = amount
         self.lease = lease
+        self.writes = lease.writes  # a later write of `held` showed this hold as reserved
 
 
 class _Demand:
@@ -226,6 +235,7 @@ class LeasedMeter(StorageMeter):
             self._retire(lease)  # gone (swept) or short: it takes no new hold
         if self.metrics is not None:
             self.metrics.charged(settlement)
+        await self._unshow(reservation)
 
     async def release(self, reservation: Reserved) -> None:
         if not isinstance(reservation, LeaseHold):
@@ -233,6 +243,19 @@ class LeasedMeter(StorageMeter):
             return
         reservation.lease.held -= reservation.amount
         self.open_holds -= 1
+        await self._unshow(reservation)
+
+    async def _unshow(self, hold: LeaseHold) -> None:
+        """A closed hold that a write showed as reserved stops showing before its response
+        ends: a client that reads its project next finds it gone. (Under load, about one
+        request in five spans a housekeeping turn: one more statement in a batch.)"""
+        lease = hold.lease
+        if hold.writes == lease.writes or lease.written == lease.held or lease.gone:
+            return
+        try:
+            await self._write_in_use([lease])
+        except Exception:
+            log.exception("could not write what lease %s holds; retrying", lease.record.id)
 
     # -- taking and growing ---------------------------------------------------------------
 
@@ -300,12 +323,15 @@ class LeasedMeter(StorageMeter):
         """Retire the leases `which(lease)` picks and give back their free part now (the
         rest when their requests close); how much went back."""
         returned = 0
-        leases = [lease for leases in self.slots.values() for lease in leases]
-        for lease in [*leases, *self._retired]:
+        for lease in self._leases():
             if which(lease):
                 self._retire(lease)
                 returned += await self._return_free(lease)
         return returned
+
+    def _leases(self) -> list[Lease]:
+        """Every lease this process holds: those it takes holds from, and the retired."""
+        return [*(lease for leases in self.slots.values() for lease in leases), *self._retired]
 
     def _retire(self, lease: Lease) -> None:
         if lease.retired:
@@ -352,9 +378,10 @@ class LeasedMeter(StorageMeter):
                 log.exception("lease housekeeping failed; retrying")
 
     async def keep(self) -> None:
-        """One turn: answer recalls, give back idle leases, end retired ones whose last
-        request closed."""
+        """One turn: show what requests hold of the leases, answer recalls, give back idle
+        leases, end retired ones whose last request closed."""
         if self.slots or self._retired:
+            await self._mark_in_use()
             await self._answer_recalls()
         idle_since = time.monotonic() - self.idle_s
         await self.give_back(lambda lease: lease.used_at < idle_since)
@@ -378,12 +405,27 @@ class LeasedMeter(StorageMeter):
         for project_id in [p for p, until in self._cooling.items() if until < now]:
             del self._cooling[project_id]
 
+    async def _mark_in_use(self) -> None:
+        """Write what requests hold of each lease that changed, so that `reserved` shows
+        the requests' own holds (at most a turn, `poll_s`, late)."""
+        changed = [lease for lease in self._leases() if lease.held != lease.written]
+        if changed:
+            await self._write_in_use(changed)
+
+    async def _write_in_use(self, leases: list[Lease]) -> None:
+        """Write what requests hold of each lease now (a later write always knows more)."""
+        uses = [(lease, lease.held) for lease in leases]
+        for lease in leases:
+            lease.writes += 1
+        await self.storage.mark_in_use([(lease.record.id, held) for lease, held in uses])
+        for lease, held in uses:
+            lease.written = held
+
     async def _answer_recalls(self) -> None:
         recalled = set(await self.storage.recalled_leases(self.owner))
         if not recalled:
             return
-        known = {lease.record.id: lease for lease in self._retired}
-        known.update({lease.record.id: lease for ls in self.slots.values() for lease in ls})
+        known = {lease.record.id: lease for lease in self._leases()}
         for lease_id in recalled:
             lease = known.get(lease_id)
             if lease is None:  # ended meanwhile: nothing to give

@@ -140,9 +140,11 @@ class TreeHeadRecord(msgspec.Struct, kw_only=True):
 
 class Account(msgspec.Struct, kw_only=True):
     balance: int
-    reserved: int  # held by requests (their own holds); leases apart
+    # Held by requests: their own holds, and what they hold of leases (as last written by
+    # the leases' owners, migration 0014; at most what is left of each lease).
+    reserved: int
     month_spend: int
-    leased: int = 0  # held by serving processes' leases, not yet charged (migration 0012)
+    leased: int = 0  # the rest of the serving processes' leases (migration 0012)
 
 
 class Audit(msgspec.Struct, kw_only=True):
@@ -663,6 +665,12 @@ class Storage(abc.ABC):
         when the lease is gone or holds less. Ending a lease is `release(lease_id)`."""
 
     @abc.abstractmethod
+    async def mark_in_use(self, uses: list[tuple[str, int]]) -> None:
+        """Write, for each (lease id, amount), what requests in flight hold of the lease
+        (migration 0014): `project_account` shows it as reserved, not leased. Gone
+        leases are skipped."""
+
+    @abc.abstractmethod
     async def recall_leases(self, project_id: str, owner: str) -> int:
         """Ask every other owner to give back what its leases of the project do not use;
         how many leases were asked."""
@@ -803,3 +811,15 @@ class StepRecord(msgspec.Struct, kw_only=True):
     error: dict[str, object] | None = None
     created_at: int = 0
     closed_at: int | None = None  # set once its usage and error are written
+
+
+def account(row: Any) -> Account:
+    """A project's account from its counters (balance, reserved, leased, spent) and what
+    requests hold of its leases (in_use): the two backends' `project_account`."""
+    in_use = int(row["in_use"])
+    return Account(
+        balance=int(row["balance"]),
+        reserved=int(row["reserved"]) - int(row["leased"]) + in_use,
+        month_spend=int(row["spent"]),
+        leased=int(row["leased"]) - in_use,
+    )

@@ -82,6 +82,7 @@ from model_gateway.storage.base import (
     StorageError,
     TreeHeadRecord,
     UserRecord,
+    account,
     ledger_entry,
     now_s,
 )
@@ -739,7 +740,9 @@ class PostgresStorage(Storage):
     async def project_account(self, project_id: str, month: str) -> Account:
         row = await self._run(
             lambda c: c.fetchrow(
-                "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent"
+                "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent,"
+                " (SELECT COALESCE(SUM(LEAST(in_use, amount)), 0) FROM reservations"
+                "  WHERE project_id = p.id AND lease) AS in_use"
                 " FROM projects p"
                 " LEFT JOIN month_spend m ON m.subject = p.id AND m.month = $1 WHERE p.id = $2",
                 month,
@@ -748,12 +751,7 @@ class PostgresStorage(Storage):
         )
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
-        return Account(
-            balance=row["balance"],
-            reserved=row["reserved"] - row["leased"],  # requests' own holds
-            month_spend=row["spent"],
-            leased=row["leased"],
-        )
+        return account(row)
 
     async def key_month_spend(self, key_id: str, month: str) -> int:
         spent = await self._run(
@@ -1626,6 +1624,13 @@ class PostgresStorage(Storage):
             )
         )
         return bool(status == "UPDATE 1")
+
+    async def mark_in_use(self, uses: list[tuple[str, int]]) -> None:
+        await self._run(
+            lambda c: c.executemany(
+                "UPDATE reservations SET in_use = $2 WHERE id = $1 AND lease", uses
+            )
+        )
 
     async def recall_leases(self, project_id: str, owner: str) -> int:
         status = await self._run(

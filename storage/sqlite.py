@@ -88,6 +88,7 @@ from model_gateway.storage.base import (
     StorageError,
     TreeHeadRecord,
     UserRecord,
+    account,
     ledger_entry,
     now_s,
 )
@@ -675,18 +676,16 @@ class SQLiteStorage(Storage):
 
     async def project_account(self, project_id: str, month: str) -> Account:
         row = await self._fetchone(
-            "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent FROM projects p"
+            "SELECT p.balance, p.reserved, p.leased, COALESCE(m.spent, 0) AS spent,"
+            " (SELECT COALESCE(SUM(min(in_use, amount)), 0) FROM reservations"
+            "  WHERE project_id = p.id AND lease = 1) AS in_use"
+            " FROM projects p"
             " LEFT JOIN month_spend m ON m.subject = p.id AND m.month = ? WHERE p.id = ?",
             (month, project_id),
         )
         if row is None:
             raise RecordNotFound(f"no project {project_id}")
-        return Account(
-            balance=int(row["balance"]),
-            reserved=int(row["reserved"]) - int(row["leased"]),  # requests' own holds
-            month_spend=int(row["spent"]),
-            leased=int(row["leased"]),
-        )
+        return account(row)
 
     async def key_month_spend(self, key_id: str, month: str) -> int:
         row = await self._fetchone(
@@ -1393,6 +1392,11 @@ class SQLiteStorage(Storage):
             (amount, lease_id, amount),
         )
         return returned == 1
+
+    async def mark_in_use(self, uses: list[tuple[str, int]]) -> None:
+        await self._writer.execute_unit(
+            [("UPDATE reservations SET in_use = ?2 WHERE id = ?1 AND lease = 1", uses)]
+        )
 
     async def recall_leases(self, project_id: str, owner: str) -> int:
         return await self._write(

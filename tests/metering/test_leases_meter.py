@@ -158,3 +158,25 @@ async def test_concurrent_give_backs_return_the_free_part_once(storage):
     assert (account.balance, account.reserved) == (1_000_000 - 100 * len(holds), 0)
     await meter.stop()
     assert (await storage.project_account(pid, current_month())).leased == 0
+
+
+async def test_holds_taken_from_a_lease_show_as_reserved_after_a_turn(storage):
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    holds = [await meter.reserve(pid, kid, 100) for _ in range(3)]
+    granted = holds[0].lease.remaining
+    account = await storage.project_account(pid, current_month())
+    assert (account.reserved, account.leased) == (0, granted)  # not written yet
+    await meter.keep()
+    account = await storage.project_account(pid, current_month())
+    assert (account.reserved, account.leased) == (300, granted - 300)
+    # A hold that a turn showed stops showing when it closes, before its response ends.
+    await meter.settle(holds[0], settlement(40))
+    await meter.release(holds[1])
+    account = await storage.project_account(pid, current_month())
+    assert (account.reserved, account.leased) == (100, granted - 40 - 100)
+    # One the turn did not show closes without a write.
+    later = await meter.reserve(pid, kid, 100)
+    await meter.release(later)
+    assert later.lease.writes == later.writes
+    await meter.stop()

@@ -170,8 +170,11 @@ class LeasesMachine(RuleBasedStateMachine):
 
     @rule(process=st.sampled_from([0, 1]))
     def keep(self, process):
-        """A turn of the process's housekeeping: ends its retired leases, answers recalls."""
-        self.run(self.meters[process].keep())
+        """A turn of the process's housekeeping: shows what its requests hold of its
+        leases, ends its retired leases, answers recalls."""
+        meter = self.meters[process]
+        self.run(meter.keep())
+        assert all(lease.written == lease.held for lease in meter._leases())
 
     @rule(process=st.sampled_from([0, 1]))
     def crash(self, process):
@@ -195,20 +198,21 @@ class LeasesMachine(RuleBasedStateMachine):
         assert self.run(storage.key_month_spend(self.kid, self.month)) == self.charges
         leased, leases_sum = self.run(storage.lease_audit(self.pid))
         assert leased == leases_sum
-        # Requests' own holds are what `reserved` shows; leases are shown apart.
-        account = self.run(storage.project_account(self.pid, self.month))
-        direct = [h for _, h in self.open.values() if isinstance(h, ReservationRecord)]
-        assert account.reserved == sum(h.amount for h in direct)
-        assert account.leased == leased
         # What each live process believes it leased is what the database holds for it,
         # and it holds no more from a lease than what is left of it.
-        believed = 0
+        believed = shown_in_use = 0
         for meter in self.meters:
-            leases = [lease for ls in meter.slots.values() for lease in ls]
-            for lease in {*leases, *meter._retired}:
-                assert 0 <= lease.held <= lease.remaining
-                believed += 0 if lease.gone else lease.remaining
+            for lease in meter._leases():
+                assert 0 <= lease.held <= lease.remaining and not lease.gone
+                believed += lease.remaining
+                shown_in_use += min(lease.written, lease.remaining)
         assert believed == leased
+        # `reserved` shows the requests' own holds: direct ones, and what they hold of the
+        # leases as last written (a housekeeping turn writes it); the rest is `leased`.
+        account = self.run(storage.project_account(self.pid, self.month))
+        direct = [h for _, h in self.open.values() if isinstance(h, ReservationRecord)]
+        assert account.reserved == sum(h.amount for h in direct) + shown_in_use
+        assert account.leased == leased - shown_in_use
         for cap in (self.budget, self.limit):
             if cap is not None:
                 assert self.charges <= cap

@@ -58,12 +58,23 @@ def _schema_12(path: Path) -> None:
     conn.close()
 
 
+# The columns of 0012 (later migrations add columns of their own: 0014's in_use).
+_COLUMNS_AT_12 = {
+    "reservations": "id, project_id, key_id, amount, month, owner, lease_until, created_at,"
+    " lease, recalled",
+    "ledger": "*",
+    "projects": "*",
+    "api_keys": "*",
+    "month_spend": "*",
+}
+
+
 def _rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
     conn = sqlite3.connect(path)
     try:
         return {
-            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()  # noqa: S608
-            for table in ("reservations", "ledger", "projects", "api_keys", "month_spend")
+            table: conn.execute(f"SELECT {columns} FROM {table} ORDER BY 1, 2").fetchall()  # noqa: S608
+            for table, columns in _COLUMNS_AT_12.items()
         }
     finally:
         conn.close()

@@ -43,7 +43,9 @@ async def books(storage, pid) -> tuple[int, int, int, int]:
     leased, leases_sum = await storage.lease_audit(pid)
     assert leased == leases_sum
     account = await storage.project_account(pid, MONTH)
-    assert account.leased == leased and account.reserved == audit.reserved - leased
+    # What requests hold of leases moves from `leased` to `reserved`.
+    assert 0 <= account.leased <= leased
+    assert account.reserved + account.leased == audit.reserved
     return account.balance, account.reserved, account.leased, account.month_spend
 
 
@@ -145,3 +147,25 @@ async def test_a_lease_settles_only_its_own_projects_receipts(storage):
     stray = msgspec.structs.replace(receipt(granted_lease, 10), project_id=other)
     assert not await storage.settle(stray)
     assert await books(storage, pid) == (1_000, 0, 100, 0)
+
+
+async def test_what_requests_hold_of_a_lease_shows_as_reserved(storage):
+    pid, kid = await project(storage, credit=1_000)
+    await storage.reserve(hold(pid, kid, 100))
+    granted_lease = lease(pid, kid, 600)
+    await storage.grant_lease(granted_lease)
+    await storage.mark_in_use([(granted_lease.id, 250)])
+    assert await books(storage, pid) == (1_000, 350, 350, 0)
+    # Admission still counts the lease whole, used or not.
+    assert await refused(storage, hold(pid, kid, 301)) == "insufficient_balance"
+    # Charged before its owner writes again: never more than what is left of the lease.
+    assert await storage.settle(receipt(granted_lease, 500))
+    assert await books(storage, pid) == (500, 200, 0, 500)
+    await storage.mark_in_use([(granted_lease.id, 0)])
+    assert await books(storage, pid) == (500, 100, 100, 500)
+    await storage.release(granted_lease.id)
+    await storage.mark_in_use([(granted_lease.id, 5)])  # gone: nothing to write
+    direct = hold(pid, kid, 10)
+    await storage.reserve(direct)
+    await storage.mark_in_use([(direct.id, 5)])  # a request's own hold is no lease
+    assert await books(storage, pid) == (500, 110, 0, 500)
