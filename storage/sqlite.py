@@ -1395,7 +1395,12 @@ class SQLiteStorage(Storage):
 
     async def mark_in_use(self, uses: list[tuple[str, int]]) -> None:
         await self._writer.execute_unit(
-            [("UPDATE reservations SET in_use = ?2 WHERE id = ?1 AND lease = 1", uses)]
+            [
+                (
+                    "UPDATE reservations SET in_use = ?2 WHERE id = ?1 AND lease = 1",
+                    [(lease_id, in_use) for lease_id, in_use in uses],
+                )
+            ]
         )
 
     async def recall_leases(self, project_id: str, owner: str) -> int:
