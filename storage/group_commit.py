@@ -1,10 +1,10 @@
 """Group commit for SQLite: single-statement writes queued by concurrent requests run
-together in one transaction, and each caller resumes after the commit.
+together in one transaction (storage/batching.py), and each caller resumes after the
+commit.
 
 Every statement stays atomic on its own (a trigger's RAISE(ABORT) undoes only its
 statement), so batching changes nothing but the cost: one commit for a batch instead of
-one per write. A caller that is cancelled still has its statement run; callers that must
-know the outcome (a reservation) shield themselves. A write may also be a unit of several
+one per write. A write may also be a unit of several
 statements (the log's leaves and tree head), made atomic by a savepoint. All of the
 process's writes on the request's side go through here: a second writing connection
 would be starved by batches that follow one another without a gap.
@@ -21,9 +21,9 @@ twice the timeout.) WAL checkpoints, the
 only writes that fsync, are left to `checkpoint()` on another thread (autocheckpoint is
 off here).
 
-Every caller's future is resolved, whatever happens: an error that belongs to one
-statement (a constraint, a trigger's abort, a value SQLite cannot bind) is that write's
-outcome alone; any other error fails the whole batch, which then ran not at all.
+An error that belongs to one statement (a constraint, a trigger's abort, a value SQLite
+cannot bind) is that write's outcome alone; any other error fails the whole batch, which
+then ran not at all.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ import time
 from pathlib import Path
 from typing import TypeAlias
 
+from model_gateway.storage.batching import Batcher, Outcome
+
 MAX_BATCH = 256
 BUSY_RETRY_S = 0.001
 
 Params: TypeAlias = tuple[object, ...]
 Unit: TypeAlias = list[tuple[str, list[Params]]]
-Outcome: TypeAlias = int | Exception
-_Pending: TypeAlias = tuple[str, "Params | Unit", "asyncio.Future[int]"]
+_Write: TypeAlias = tuple[str, "Params | Unit"]
 
 _UNIT = "-- several statements, all or nothing"
 # Errors SQLite raises for one statement, which undo that statement only (or that happen
@@ -65,46 +66,19 @@ class GroupCommitWriter:
         except BaseException:
             self._conn.close()
             raise
-        self._pending: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._batches: Batcher[_Write] = Batcher(self._run_when_unlocked, MAX_BATCH)
 
     async def execute(self, sql: str, params: Params) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""
-        return await self._queue(sql, params)
+        rowcount = await self._batches.submit((sql, params))
+        assert isinstance(rowcount, int)
+        return rowcount
 
     async def execute_unit(self, statements: Unit) -> None:
         """Run each statement over its parameter rows, all or nothing, in the next batch."""
-        await self._queue(_UNIT, statements)
+        await self._batches.submit((_UNIT, statements))
 
-    async def _queue(self, sql: str, params: Params | Unit) -> int:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append((sql, params, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        try:
-            # One turn of the loop first, so the writes of concurrent requests join the batch.
-            await asyncio.sleep(0)
-            while self._pending:
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                outcomes: list[Outcome]
-                try:
-                    outcomes = await self._run_when_unlocked(batch)
-                except Exception as exc:  # the transaction itself failed: so did every write
-                    outcomes = [exc] * len(batch)
-                for (_, _, future), outcome in zip(batch, outcomes, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, Exception):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
-        finally:
-            self._flusher = None
-
-    async def _run_when_unlocked(self, batch: list[_Pending]) -> list[Outcome]:
+    async def _run_when_unlocked(self, batch: list[_Write]) -> list[Outcome]:
         deadline = time.monotonic() + self._give_up_after_s
         while True:
             try:
@@ -114,12 +88,12 @@ class GroupCommitWriter:
                     raise
             await asyncio.sleep(BUSY_RETRY_S)
 
-    def _run(self, batch: list[_Pending]) -> list[Outcome]:
+    def _run(self, batch: list[_Write]) -> list[Outcome]:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         outcomes: list[Outcome] = []
         try:
-            for sql, params, _ in batch:
+            for sql, params in batch:
                 try:
                     if sql is _UNIT:
                         assert isinstance(params, list)
@@ -150,6 +124,5 @@ class GroupCommitWriter:
         return 0
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            await self._flusher
+        await self._batches.close()
         self._conn.close()

@@ -48,6 +48,7 @@ import itertools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
+from functools import partial
 from importlib import resources
 from operator import itemgetter
 from typing import Any, ClassVar, TypeVar
@@ -86,6 +87,7 @@ from model_gateway.storage.base import (
     ledger_entry,
     now_s,
 )
+from model_gateway.storage.batching import Batcher, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +128,33 @@ _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+_MAX_BATCH = 64  # holds (or receipts) in one statement
+
+
 class _HoldGone(StateConflict):
     """Settlement found no open hold to consume (GWR01)."""
+
+
+async def _batch_or_each(
+    together: Callable[[], Awaitable[list[Outcome]]],
+    each: list[Callable[[], Awaitable[object]]],
+) -> list[Outcome]:
+    """A batch's outcomes; when one of its items raised (a refused hold: the statement
+    committed nothing), each item alone, its error its own outcome (the public method
+    that awaits it translates it). Any other failure is every item's. One item goes
+    alone at once."""
+    if len(each) > 1:
+        try:
+            return await together()
+        except asyncpg.PostgresError:
+            pass
+    outcomes: list[Outcome] = []
+    for item in each:
+        try:
+            outcomes.append(await item())
+        except _DRIVER_ERRORS as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 # Outside the class on purpose: the Storage base class translates driver errors, once, at
@@ -276,6 +303,9 @@ class PostgresStorage(Storage):
         self._sequencer: Connection | None = None  # holds or tries the sequencer lock
         self._sequencing = False  # whether its session holds the lock
         self._watchers: list[Callable[[int], None]] = []
+        # The concurrent requests' holds, and their receipts, a batch per transaction.
+        self._holds: Batcher[ReservationRecord] = Batcher(self._reserve_batch, _MAX_BATCH)
+        self._receipts: Batcher[ReceiptRecord] = Batcher(self._settle_batch, _MAX_BATCH)
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -451,6 +481,8 @@ class PostgresStorage(Storage):
     # --- housekeeping ----------------------------------------------------------------
 
     async def close(self) -> None:
+        await self._holds.close()
+        await self._receipts.close()
         self._closed = True
         handles = _HANDLES.get(self._database)
         if handles is not None:
@@ -639,8 +671,22 @@ class PostgresStorage(Storage):
         )
 
     async def reserve(self, reservation: ReservationRecord) -> None:
+        # The trigger `reservation_admits` locks, checks and holds, for each item of a
+        # batch (migration 0015) as for a statement alone.
+        await self._holds.submit(reservation)
+
+    async def settle(self, receipt: ReceiptRecord) -> bool:
+        return await self._receipts.submit(receipt) is True
+
+    async def _reserve_batch(self, batch: list[ReservationRecord]) -> list[Outcome]:
+        async def together() -> list[Outcome]:
+            await self._many("gateway_reserve_many", batch)
+            return [None] * len(batch)
+
+        return await _batch_or_each(together, [partial(self._reserve_one, r) for r in batch])
+
+    async def _reserve_one(self, reservation: ReservationRecord) -> None:
         r = reservation
-        # The trigger `reservation_admits` locks, checks and holds within this statement.
         await self._run(
             lambda c: c.execute(
                 "INSERT INTO reservations (id, project_id, key_id, amount, month, owner,"
@@ -656,7 +702,13 @@ class PostgresStorage(Storage):
             )
         )
 
-    async def settle(self, receipt: ReceiptRecord) -> bool:
+    async def _settle_batch(self, batch: list[ReceiptRecord]) -> list[Outcome]:
+        async def together() -> list[Outcome]:
+            return list(await self._many("gateway_settle_many", batch))
+
+        return await _batch_or_each(together, [partial(self._settle_one, r) for r in batch])
+
+    async def _settle_one(self, receipt: ReceiptRecord) -> bool:
         r = receipt
         # Inserted only while its hold is open and covers the cost, in the one statement:
         # the subquery locks the hold (a concurrent settlement or release waits, then finds
@@ -696,6 +748,23 @@ class PostgresStorage(Storage):
             )
         )
         return bool(status == "INSERT 0 1")
+
+    async def _many(
+        self, function: str, batch: list[ReservationRecord] | list[ReceiptRecord]
+    ) -> list[object]:
+        """One call of a batch function (migration 0015), the items sorted by project and
+        key so that every batch locks rows in one order; its answers in the batch's order."""
+        order = sorted(
+            range(len(batch)), key=lambda i: (batch[i].project_id, batch[i].key_id or "")
+        )
+        payload = msgspec.json.encode([batch[i] for i in order]).decode()
+        sorted_answers = await self._run(
+            lambda c: c.fetchval(f"SELECT {function}($1::jsonb)", payload)
+        )
+        answers: list[object] = [None] * len(batch)
+        for position, i in enumerate(order):
+            answers[i] = None if sorted_answers is None else sorted_answers[position]
+        return answers
 
     async def release(self, reservation_id: str) -> None:
         await self._run(

@@ -9,6 +9,7 @@ import sys
 import time
 
 import asyncpg
+import msgspec
 import pytest
 
 from model_gateway.storage import (
@@ -384,3 +385,41 @@ async def test_driver_errors_leave_every_method_as_storage_errors(postgres_url):
             with pytest.raises(StorageError) as closed:
                 await call
             assert not isinstance(closed.value, asyncpg.PostgresError | asyncpg.InterfaceError)
+
+
+def _hold(project_id: str, amount: int) -> ReservationRecord:
+    return ReservationRecord(
+        id=new_id("rsv"), project_id=project_id, key_id=None, amount=amount, month=MONTH,
+        owner="pg:1:1", lease_until=2**40, created_at=0,
+    )  # fmt: skip
+
+
+async def test_the_batch_functions_hold_and_settle_as_statements_alone(storage, raw):
+    """Migration 0015, called as the handle calls it (the handle runs each item alone
+    when a batch raises, which would hide a broken function)."""
+    project, _ = await project_and_key(storage)
+    await storage.add_credit(project.id, 1_000, MONTH)
+    holds = [_hold(project.id, 300), _hold(project.id, 300)]
+    await raw.execute("SELECT gateway_reserve_many($1::jsonb)", msgspec.json.encode(holds).decode())
+    account = await storage.project_account(project.id, MONTH)
+    assert (account.balance, account.reserved) == (1_000, 600)
+    # A batch with one item refused commits nothing.
+    refused = [_hold(project.id, 100), _hold(project.id, 301)]
+    with pytest.raises(asyncpg.PostgresError) as raised:
+        await raw.execute(
+            "SELECT gateway_reserve_many($1::jsonb)", msgspec.json.encode(refused).decode()
+        )
+    assert raised.value.sqlstate == "GWL01"
+    assert (await storage.project_account(project.id, MONTH)).reserved == 600
+    receipts = [
+        msgspec.structs.replace(receipt_for(holds[0], new_id("rcpt")), cost=250),
+        msgspec.structs.replace(receipt_for(holds[1], new_id("rcpt")), cost=301),  # above its hold
+        receipt_for(holds[0], new_id("rcpt")),  # consumed
+    ]
+    answers = await raw.fetchval(
+        "SELECT gateway_settle_many($1::jsonb)", msgspec.json.encode(receipts).decode()
+    )
+    assert answers == [True, False, False]
+    audit = await storage.audit(project.id, MONTH)
+    assert (audit.balance, audit.reserved, audit.month_spend) == (750, 300, 250)
+    assert audit.balance == audit.ledger_sum
