@@ -9,12 +9,16 @@ gone and the insert writes nothing: `settle` is False), whose trigger deletes th
 and writes the charge, capped at the hold. Every statement runs in autocommit under READ
 COMMITTED; none checks first and writes later. Hosted agents' run budgets are kept the
 same way (migrations/postgres/0005_agents.sql: the run row is locked at admission).
+Concurrent holds, and concurrent receipts, go as one statement per batch (migration
+0015, storage/batching.py): each item under the same triggers; a batch in which one item
+raises commits nothing, and its items then run alone.
 
 Errors: driver errors are translated once, by the `Storage` base class, which wraps every
 public coroutine method and calls `translate_error` here (our triggers' SQLSTATEs GWL01,
 GWR01, GWA01, GWC01 and the integrity classes get their meaning there). No method catches
 driver errors: `_on_connection` (module level) only reruns a deadlock or serialization
-failure, which committed nothing, and re-raises everything else unchanged.
+failure, which committed nothing, and re-raises everything else unchanged; and
+`_batch_or_each` (module level) runs a failed batch's items alone, each error its own.
 
 The transparency log is stored as C2SP tiles (migration 0004): entries, tiles and the
 signed head of one integration are one transaction; a tile only grows (a trigger refuses
