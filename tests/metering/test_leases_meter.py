@@ -11,7 +11,8 @@ import pytest
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
 from model_gateway.gateway.metering import current_month
-from model_gateway.pipeline.errors import BudgetExceeded, ServiceUnavailable
+from model_gateway.gateway.metrics import Metrics
+from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance, ServiceUnavailable
 from model_gateway.storage import ProjectRecord, StorageError, open_storage
 from model_gateway.storage.base import KeyRecord, ReservationRecord, new_id
 from model_gateway.storage.sqlite import SQLiteStorage
@@ -179,4 +180,17 @@ async def test_holds_taken_from_a_lease_show_as_reserved_after_a_turn(storage):
     later = await meter.reserve(pid, kid, 100)
     await meter.release(later)
     assert later.lease.writes == later.writes
+    await meter.stop()
+
+
+async def test_a_refusal_is_counted_once(storage):
+    """A refused direct hold is tried once more after making room: only the request's
+    answer, the second refusal, counts in gateway_reservations_refused_total."""
+    pid, kid = await funded(storage, 150)
+    metrics = Metrics()
+    meter = LeasedMeter(storage, metrics, recall_wait_s=0)
+    with pytest.raises(InsufficientBalance):
+        await meter.reserve(pid, kid, 200)
+    found = [line for line in metrics.text().decode().splitlines() if "refused_total{" in line]
+    assert found == ['gateway_reservations_refused_total{reason="insufficient_balance"} 1.0']
     await meter.stop()
