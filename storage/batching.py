@@ -62,6 +62,6 @@ class Batcher(Generic[I]):
             self._pending = []
 
     async def close(self) -> None:
-        """Wait for the batches queued so far."""
+        """Wait for the batches queued so far (a cancelled close leaves them running)."""
         if self._flusher is not None:
-            await self._flusher
+            await asyncio.shield(self._flusher)

@@ -1,0 +1,68 @@
+"""The batcher both backends queue their writes with (storage/batching.py): items of one
+loop turn go together, each caller gets its own outcome, and nobody waits forever."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model_gateway.storage.batching import Batcher
+
+
+async def test_the_items_of_one_turn_share_a_batch_and_keep_their_outcomes():
+    batches: list[list[int]] = []
+
+    async def run(batch: list[int]) -> list[object]:
+        batches.append(batch)
+        return [ValueError(item) if item % 2 else item * 10 for item in batch]
+
+    batcher = Batcher(run, max_batch=3)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(5)), return_exceptions=True)
+    assert batches == [[0, 1, 2], [3, 4]]
+    assert [o if isinstance(o, int) else type(o) for o in outcomes] == [
+        0, ValueError, 20, ValueError, 40
+    ]  # fmt: skip
+
+
+async def test_a_batch_that_fails_fails_each_of_its_items():
+    async def run(batch: list[int]) -> list[object]:
+        raise OSError("disk gone")
+
+    batcher = Batcher(run, max_batch=8)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert [str(o) for o in outcomes] == ["disk gone"] * 3
+
+
+async def test_a_cancelled_close_leaves_the_batch_running():
+    release = asyncio.Event()
+
+    async def run(batch: list[int]) -> list[object]:
+        await release.wait()
+        return batch
+
+    batcher = Batcher(run, max_batch=8)
+    item = asyncio.ensure_future(batcher.submit(7))
+    await asyncio.sleep(0.01)  # the batch is running
+    closing = asyncio.ensure_future(batcher.close())
+    await asyncio.sleep(0)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    release.set()
+    assert await asyncio.wait_for(item, 1) == 7
+    await batcher.close()
+
+
+async def test_a_cancelled_batch_cancels_its_callers_instead_of_leaving_them_waiting():
+    async def run(batch: list[int]) -> list[object]:
+        await asyncio.Event().wait()  # never ends: the loop is closing
+        return batch
+
+    batcher = Batcher(run, max_batch=1)
+    first, second = (asyncio.ensure_future(batcher.submit(i)) for i in range(2))
+    await asyncio.sleep(0.01)
+    batcher._flusher.cancel()  # what shutting the loop down does to it
+    for caller in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(caller, 1)
