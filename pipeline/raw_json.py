@@ -1,11 +1,13 @@
 """Checks on a request body's raw JSON that msgspec cannot make with a path: its nesting
-depth and its UTF-8.
+depth, its UTF-8, and integers wider than 64 bits.
 
 msgspec raises RecursionError on a body nested thousands deep and UnicodeDecodeError on
 a string that is not UTF-8, neither with a position; and a body deep enough to pass it
 still breaks later (orjson refuses to encode past 254 levels when the request goes
-upstream). Both are the client's fault: 400 invalid_request, with the path of the field
-where the body went wrong, found by a scan that only runs once the body is known bad.
+upstream). msgspec reads an integer of any width, which orjson then cannot write (the
+body sent upstream, the Responses object that repeats the request's `text` and `tools`).
+All are the client's fault: 400 invalid_request, with the path of the field where the
+body went wrong, found by a scan that only runs once the body is known bad.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*+"|[\[\]{}:,]', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 # The depth step of each bracket, for accumulate().
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+# 19 digits in a row: the only integers that may not fit in 64 bits (2^63 has 19).
+_LONG_DIGITS = re.compile(rb"\d{19}")
+# A string, or a number: its integer part, then its fraction and exponent if any.
+_STRING_OR_NUMBER = re.compile(
+    rb'"(?:[^"\\]|\\.)*+"|(-?\d+)((?:\.\d+)?(?:[eE][+-]?\d+)?)', re.DOTALL
+)
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what orjson writes
 
 
 def too_deep(body: bytes) -> bool:
@@ -104,3 +113,26 @@ def not_utf8_error(body: bytes) -> InvalidRequest:
         bad = len(body)
     param = path_at(body, bad)
     return InvalidRequest("The request body is not valid UTF-8.", param=param)
+
+
+def too_wide_offset(body: bytes) -> int | None:
+    """Where the first integer outside [-2^63, 2^64 - 1] starts, or None (the usual case,
+    no run of 19 digits anywhere, costs one search)."""
+    if _LONG_DIGITS.search(body) is None:
+        return None
+    for token in _STRING_OR_NUMBER.finditer(body):
+        digits, rest = token.group(1), token.group(2)
+        if digits is not None and not rest and not _INT64_MIN <= int(digits) <= _UINT64_MAX:
+            return token.start()
+    return None
+
+
+def too_wide_error(body: bytes, offset: int) -> InvalidRequest:
+    # A number is no token: the path is that of the member read up to it (its key, or its
+    # index in an array).
+    scanner = _Scanner()
+    for token in _TOKEN.finditer(body, 0, offset):
+        scanner.feed(token.group())
+    return InvalidRequest(
+        "The request body holds an integer wider than 64 bits.", param=scanner.path()
+    )

@@ -9,7 +9,13 @@ from typing import TypeVar
 import msgspec
 
 from model_gateway.pipeline.errors import InvalidRequest
-from model_gateway.pipeline.raw_json import not_utf8_error, too_deep, too_deep_error
+from model_gateway.pipeline.raw_json import (
+    not_utf8_error,
+    too_deep,
+    too_deep_error,
+    too_wide_error,
+    too_wide_offset,
+)
 
 T = TypeVar("T")
 
@@ -30,7 +36,8 @@ def param_path(message: str) -> str | None:
 
 def decoder(request_type: type[T]) -> Callable[[bytes], T]:
     """One msgspec Decoder per request type, built once; its errors become invalid_request,
-    and so do bodies nested deeper than 64 levels or not UTF-8 (`raw_json`), with a path."""
+    and so do bodies nested deeper than 64 levels, not UTF-8 or holding an integer wider
+    than 64 bits (`raw_json`), with a path."""
     decode = msgspec.json.Decoder(request_type).decode
 
     def decode_request(body: bytes) -> T:
@@ -47,6 +54,8 @@ def decoder(request_type: type[T]) -> Callable[[bytes], T]:
             raise InvalidRequest(_AT.sub("", text) + ".", param=param_path(text)) from None
         except msgspec.DecodeError:
             raise InvalidRequest("The request body is not valid JSON.") from None
+        if (wide := too_wide_offset(body)) is not None:
+            raise too_wide_error(body, wide)
         check = getattr(request, "check", None)
         if check is not None:
             check()

@@ -168,3 +168,61 @@ def test_chat_tool_schema_nested_thousands_deep_is_400(http, marker):
     response = http.post(CHAT, content=body, headers={"content-type": "application/json"})
     error = assert_error(response, 400, "invalid_request")
     assert error["param"].startswith("tools.0.function.parameters")
+
+
+BEYOND_64_BITS = [-(2**63) - 1, 2**64]
+
+
+@pytest.mark.parametrize("number", BEYOND_64_BITS, ids=["below -2^63", "2^64"])
+@pytest.mark.parametrize(
+    ("path", "build", "param"),
+    [
+        (
+            RESPONSES,
+            lambda m, n: {
+                "model": "oa/normal",
+                "input": m,
+                "stream": True,
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": n}}},
+            },
+            "text.format.schema.type",
+        ),
+        (
+            CHAT,
+            lambda m, n: {
+                "model": "oa/normal",
+                "messages": [{"role": "user", "content": m}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": n}}}],
+            },
+            "tools.0.function.parameters.x",
+        ),
+    ],
+    ids=["responses text schema", "chat tool parameters"],
+)
+def test_an_integer_beyond_64_bits_is_400_with_its_path(
+    http, fake_openai, marker, number, path, build, param
+):
+    """Found by the fuzz test: such an integer cannot be written back (upstream, or in the
+    Responses object that repeats the request's `text`), which answered 500."""
+    response = http.post(path, json=build(marker, number))
+    assert_error(response, 400, "invalid_request", param=param)
+    assert not fake_openai.sent(marker=marker)
+
+
+def test_the_widest_64_bit_integers_and_long_digit_strings_are_served(http, fake_openai, marker):
+    body = {
+        "model": "oa/normal",
+        "input": f"{marker} 123456789012345678901234567890",
+        "metadata": {"digits": "98765432109876543210987"},
+        "tools": [
+            {"type": "function", "name": "f", "parameters": {"lo": -(2**63), "hi": 2**64 - 1}},
+            {
+                "type": "function",
+                "name": "g",
+                "parameters": {"x": 1.5e300, "y": 12345678901234567890.5},
+            },
+        ],
+    }
+    response = http.post(RESPONSES, json=body)
+    assert response.status_code == 200, response.text
+    assert fake_openai.sent(marker=marker)
