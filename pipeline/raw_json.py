@@ -87,14 +87,16 @@ def path_of_depth(body: bytes, depth: int) -> str | None:
 
 
 def path_at(body: bytes, offset: int) -> str | None:
-    """The path of the member whose key or value holds the byte at `offset`."""
+    """The path of the member whose key or value holds the byte at `offset` (a number is
+    no token: its member is the one read up to it)."""
     scanner = _Scanner()
     for token in _TOKEN.finditer(body):
+        if token.start() > offset:
+            break
+        scanner.feed(token.group())  # a key names itself; a value its member's key
         if token.end() > offset:
-            scanner.feed(token.group())  # a key names itself; a value its member's key
-            return scanner.path()
-        scanner.feed(token.group())
-    return None
+            break
+    return scanner.path()
 
 
 def too_deep_error(body: bytes) -> InvalidRequest:
@@ -128,11 +130,6 @@ def too_wide_offset(body: bytes) -> int | None:
 
 
 def too_wide_error(body: bytes, offset: int) -> InvalidRequest:
-    # A number is no token: the path is that of the member read up to it (its key, or its
-    # index in an array).
-    scanner = _Scanner()
-    for token in _TOKEN.finditer(body, 0, offset):
-        scanner.feed(token.group())
     return InvalidRequest(
-        "The request body holds an integer wider than 64 bits.", param=scanner.path()
+        "The request body holds an integer wider than 64 bits.", param=path_at(body, offset)
     )
