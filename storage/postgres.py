@@ -52,7 +52,6 @@ import itertools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from functools import partial
 from importlib import resources
 from operator import itemgetter
 from typing import Any, ClassVar, TypeVar
@@ -133,6 +132,7 @@ _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 _MAX_BATCH = 64  # holds (or receipts) in one statement
+B = TypeVar("B")  # an item of a batch
 
 
 class _HoldGone(StateConflict):
@@ -141,21 +141,22 @@ class _HoldGone(StateConflict):
 
 async def _batch_or_each(
     together: Callable[[], Awaitable[list[Outcome]]],
-    each: list[Callable[[], Awaitable[object]]],
+    alone: Callable[[B], Awaitable[object]],
+    batch: list[B],
 ) -> list[Outcome]:
     """A batch's outcomes; when one of its items raised (a refused hold: the statement
     committed nothing), each item alone, its error its own outcome (the public method
     that awaits it translates it). Any other failure is every item's. One item goes
     alone at once."""
-    if len(each) > 1:
+    if len(batch) > 1:
         try:
             return await together()
         except asyncpg.PostgresError:
             pass
     outcomes: list[Outcome] = []
-    for item in each:
+    for item in batch:
         try:
-            outcomes.append(await item())
+            outcomes.append(await alone(item))
         except _DRIVER_ERRORS as exc:
             outcomes.append(exc)
     return outcomes
@@ -687,7 +688,7 @@ class PostgresStorage(Storage):
             await self._many("gateway_reserve_many", batch)
             return [None] * len(batch)
 
-        return await _batch_or_each(together, [partial(self._reserve_one, r) for r in batch])
+        return await _batch_or_each(together, self._reserve_one, batch)
 
     async def _reserve_one(self, reservation: ReservationRecord) -> None:
         r = reservation
@@ -710,7 +711,7 @@ class PostgresStorage(Storage):
         async def together() -> list[Outcome]:
             return list(await self._many("gateway_settle_many", batch))
 
-        return await _batch_or_each(together, [partial(self._settle_one, r) for r in batch])
+        return await _batch_or_each(together, self._settle_one, batch)
 
     async def _settle_one(self, receipt: ReceiptRecord) -> bool:
         r = receipt
