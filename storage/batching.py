@@ -15,33 +15,37 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, TypeAlias, TypeVar
 
 I = TypeVar("I")  # noqa: E741 - an item of a batch
-Outcome: TypeAlias = object  # a value, or an Exception that is that item's alone
+O = TypeVar("O")  # noqa: E741 - an item's outcome
+# An item's outcome, or the exception that is that item's alone.
+Outcome: TypeAlias = "O | Exception"
 
 
-class Batcher(Generic[I]):
-    def __init__(self, run: Callable[[list[I]], Awaitable[list[Outcome]]], max_batch: int) -> None:
+class Batcher(Generic[I, O]):
+    def __init__(
+        self, run: Callable[[list[I]], Awaitable[list[Outcome[O]]]], max_batch: int
+    ) -> None:
         self._run = run
         self._max_batch = max_batch
-        self._pending: list[tuple[I, asyncio.Future[object]]] = []
+        self._pending: list[tuple[I, asyncio.Future[O]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def submit(self, item: I) -> object:
+    async def submit(self, item: I) -> O:
         """Run `item` in the next batch: its outcome, or its exception raised."""
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
         return await future
 
     async def _flush(self) -> None:
-        batch: list[tuple[I, asyncio.Future[object]]] = []
+        batch: list[tuple[I, asyncio.Future[O]]] = []
         try:
             # One turn of the loop first, so the items of concurrent requests join the batch.
             await asyncio.sleep(0)
             while self._pending:
                 batch = self._pending[: self._max_batch]
                 self._pending = self._pending[self._max_batch :]
-                outcomes: list[Outcome]
+                outcomes: list[Outcome[O]]
                 try:
                     outcomes = await self._run([item for item, _ in batch])
                 except Exception as exc:  # the batch itself failed: so did every item

@@ -66,19 +66,17 @@ class GroupCommitWriter:
         except BaseException:
             self._conn.close()
             raise
-        self._batches: Batcher[_Write] = Batcher(self._run_when_unlocked, MAX_BATCH)
+        self._batches: Batcher[_Write, int] = Batcher(self._run_when_unlocked, MAX_BATCH)
 
     async def execute(self, sql: str, params: Params) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""
-        rowcount = await self._batches.submit((sql, params))
-        assert isinstance(rowcount, int)
-        return rowcount
+        return await self._batches.submit((sql, params))
 
     async def execute_unit(self, statements: Unit) -> None:
         """Run each statement over its parameter rows, all or nothing, in the next batch."""
         await self._batches.submit((_UNIT, statements))
 
-    async def _run_when_unlocked(self, batch: list[_Write]) -> list[Outcome]:
+    async def _run_when_unlocked(self, batch: list[_Write]) -> list[Outcome[int]]:
         deadline = time.monotonic() + self._give_up_after_s
         while True:
             try:
@@ -88,10 +86,10 @@ class GroupCommitWriter:
                     raise
             await asyncio.sleep(BUSY_RETRY_S)
 
-    def _run(self, batch: list[_Write]) -> list[Outcome]:
+    def _run(self, batch: list[_Write]) -> list[Outcome[int]]:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome[int]] = []
         try:
             for sql, params in batch:
                 try:

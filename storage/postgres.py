@@ -120,7 +120,7 @@ _RECONNECT_S = 1.0
 # ValueError: a malformed DSN; OverflowError: an integer PostgreSQL cannot hold.
 # InternalClientError: a connection the server ended under a query (seen when a paused
 # process wakes up and uses a session the server closed meanwhile).
-_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+_DRIVER_ERRORS: tuple[type[Exception], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
@@ -133,6 +133,7 @@ _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 
 _MAX_BATCH = 64  # holds (or receipts) in one statement
 B = TypeVar("B")  # an item of a batch
+O = TypeVar("O")  # noqa: E741 - an item's outcome
 
 
 class _HoldGone(StateConflict):
@@ -140,10 +141,10 @@ class _HoldGone(StateConflict):
 
 
 async def _batch_or_each(
-    together: Callable[[], Awaitable[list[Outcome]]],
-    alone: Callable[[B], Awaitable[object]],
+    together: Callable[[], Awaitable[list[Outcome[O]]]],
+    alone: Callable[[B], Awaitable[O]],
     batch: list[B],
-) -> list[Outcome]:
+) -> list[Outcome[O]]:
     """A batch's outcomes; when one of its items raised (a refused hold: the statement
     committed nothing), each item alone, its error its own outcome (the public method
     that awaits it translates it). Any other failure is every item's. One item goes
@@ -153,7 +154,7 @@ async def _batch_or_each(
             return await together()
         except asyncpg.PostgresError:
             pass
-    outcomes: list[Outcome] = []
+    outcomes: list[Outcome[O]] = []
     for item in batch:
         try:
             outcomes.append(await alone(item))
@@ -309,8 +310,8 @@ class PostgresStorage(Storage):
         self._sequencing = False  # whether its session holds the lock
         self._watchers: list[Callable[[int], None]] = []
         # The concurrent requests' holds, and their receipts, a batch per transaction.
-        self._holds: Batcher[ReservationRecord] = Batcher(self._reserve_batch, _MAX_BATCH)
-        self._receipts: Batcher[ReceiptRecord] = Batcher(self._settle_batch, _MAX_BATCH)
+        self._holds: Batcher[ReservationRecord, None] = Batcher(self._reserve_batch, _MAX_BATCH)
+        self._receipts: Batcher[ReceiptRecord, bool] = Batcher(self._settle_batch, _MAX_BATCH)
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -681,10 +682,10 @@ class PostgresStorage(Storage):
         await self._holds.submit(reservation)
 
     async def settle(self, receipt: ReceiptRecord) -> bool:
-        return await self._receipts.submit(receipt) is True
+        return await self._receipts.submit(receipt)
 
-    async def _reserve_batch(self, batch: list[ReservationRecord]) -> list[Outcome]:
-        async def together() -> list[Outcome]:
+    async def _reserve_batch(self, batch: list[ReservationRecord]) -> list[Outcome[None]]:
+        async def together() -> list[Outcome[None]]:
             await self._many("gateway_reserve_many", batch)
             return [None] * len(batch)
 
@@ -707,8 +708,8 @@ class PostgresStorage(Storage):
             )
         )
 
-    async def _settle_batch(self, batch: list[ReceiptRecord]) -> list[Outcome]:
-        async def together() -> list[Outcome]:
+    async def _settle_batch(self, batch: list[ReceiptRecord]) -> list[Outcome[bool]]:
+        async def together() -> list[Outcome[bool]]:
             return list(await self._many("gateway_settle_many", batch))
 
         return await _batch_or_each(together, self._settle_one, batch)
@@ -756,9 +757,10 @@ class PostgresStorage(Storage):
 
     async def _many(
         self, function: str, batch: list[ReservationRecord] | list[ReceiptRecord]
-    ) -> list[object]:
+    ) -> list[Any]:
         """One call of a batch function (migration 0015), the items sorted by project and
-        key so that every batch locks rows in one order; its answers in the batch's order."""
+        key so that every batch locks rows in one order; its answers (none for a function
+        without) in the batch's order."""
         order = sorted(
             range(len(batch)), key=lambda i: (batch[i].project_id, batch[i].key_id or "")
         )
@@ -766,9 +768,9 @@ class PostgresStorage(Storage):
         sorted_answers = await self._run(
             lambda c: c.fetchval(f"SELECT {function}($1::jsonb)", payload)
         )
-        answers: list[object] = [None] * len(batch)
-        for position, i in enumerate(order):
-            answers[i] = None if sorted_answers is None else sorted_answers[position]
+        answers: list[Any] = [None] * len(sorted_answers or ())
+        for position, i in enumerate(order[: len(answers)]):
+            answers[i] = sorted_answers[position]
         return answers
 
     async def release(self, reservation_id: str) -> None:
