@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
@@ -158,8 +159,9 @@ class GatewayApp:
     """ASGI app. Starts on the server's lifespan, or on its first request when mounted in
     a host app that does not forward lifespan (pass `app.lifespan` to the host instead)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, on_started: Callable[[], None] | None = None) -> None:
         self.gateway = Gateway(config)
+        self.on_started = on_started  # called once started, before the first request
         self._pipeline = None
         self._start_lock = asyncio.Lock()
 
@@ -199,11 +201,13 @@ class GatewayApp:
                 log.exception("closing after a failed start-up failed too")
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             return
+        if self.on_started is not None:
+            self.on_started()
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         await self.gateway.stop()
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def create_app(config: Config) -> GatewayApp:
-    return GatewayApp(config)
+def create_app(config: Config, on_started: Callable[[], None] | None = None) -> GatewayApp:
+    return GatewayApp(config, on_started)

@@ -16,20 +16,13 @@ from model_gateway.gateway.proofs.checkpoint import open_checkpoint, verifier_ke
 from model_gateway.gateway.proofs.merkle import leaf_hash
 from model_gateway.gateway.proofs.verify import verify_proof_document
 from model_gateway.storage import ReceiptRecord
+from tests.support.configs import EMBEDDED
 from tests.support.records import add_project
-
-CONFIG = """
-[storage]
-url = "sqlite:///data/gateway.db"
-[secrets]
-key_pepper_file = "data/key-pepper"
-signing_key_file = "data/signing-key"
-"""
 
 
 @pytest.fixture
 async def served(tmp_path):
-    app = create_app(parse_config(CONFIG, base_dir=tmp_path))
+    app = create_app(parse_config(EMBEDDED, base_dir=tmp_path))
     async with app.lifespan():
         gateway = app.gateway
         gateway.transparency_log._task.cancel()  # integrate only when the test says so
@@ -116,7 +109,7 @@ async def test_the_page_answers_json_to_a_client_that_asks_only_for_json(served)
 
 
 async def test_the_signing_key_is_created_once_and_kept(tmp_path):
-    config = parse_config(CONFIG, base_dir=tmp_path)
+    config = parse_config(EMBEDDED, base_dir=tmp_path)
     keys = []
     for _ in range(2):
         app = create_app(config)
@@ -131,11 +124,11 @@ async def test_the_signing_key_is_created_once_and_kept(tmp_path):
 )
 def test_a_public_url_that_links_cannot_start_with_is_refused_at_start(tmp_path, url):
     with pytest.raises(ConfigError, match=r"server\.public_url"):
-        parse_config(f'[server]\npublic_url = "{url}"\n' + CONFIG, base_dir=tmp_path)
+        parse_config(f'[server]\npublic_url = "{url}"\n' + EMBEDDED, base_dir=tmp_path)
 
 
 async def test_links_follow_public_url_not_the_host_header(tmp_path):
-    config = '[server]\npublic_url = "https://receipts.example.net/"\n' + CONFIG
+    config = '[server]\npublic_url = "https://receipts.example.net/"\n' + EMBEDDED
     app = create_app(parse_config(config, base_dir=tmp_path))
     async with app.lifespan():
         gateway = app.gateway
