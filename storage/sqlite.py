@@ -432,16 +432,23 @@ class SQLiteStorage(Storage):
     async def checkpoint(self) -> None:
         """Fold the WAL into the database file and let it start over.
 
-        On a connection and thread of its own: it fsyncs, and waits for readers. RESTART,
-        not PASSIVE: under unbroken writes a passive checkpoint copies frames but the WAL
-        never starts over (6.7 GB after a 10-minute soak). Meanwhile the request path's
+        On a connection and thread of its own: it fsyncs, and waits for readers. PASSIVE
+        first: it copies the WAL while writers go on. Then RESTART: under unbroken writes
+        a passive checkpoint alone never lets the WAL start over (6.7 GB after a 10-minute
+        soak), and a RESTART blocks writers while it runs; after the passive pass it only
+        has the frames written meanwhile to copy, and the fsync (a passive pass that
+        writers overtook does not sync). A RESTART alone held every write for the whole
+        copy and fsync: p99 19.5 ms at one connection, 3.7 ms now. The request path's
         writer finds the database busy and retries asynchronously; the loop never waits.
+        (The file is never opened here but through SQLite: closing any descriptor of it
+        would drop the process's locks on it.)
         """
 
         def fold() -> None:
             conn = sqlite3.connect(self._path, isolation_level=None, timeout=2.0)
             try:
                 conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 conn.execute("PRAGMA wal_checkpoint(RESTART)")
             finally:
                 conn.close()

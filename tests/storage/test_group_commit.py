@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
+import tempfile
 import time
+from pathlib import Path
 
 from model_gateway.storage import ProjectRecord, ReservationRecord, open_storage
 
@@ -88,3 +91,39 @@ async def test_the_write_ahead_log_stays_bounded_under_continuous_writes(tmp_pat
     assert written > 2_000
     assert wal <= 64 * 2**20, f"the WAL grew to {wal / 2**20:.0f} MiB over {written} writes"
     await storage.close()
+
+
+async def test_a_checkpoint_holds_writers_up_only_for_its_last_frames(tmp_path):
+    """The checkpoint copies the WAL while writers go on (PASSIVE) and blocks them only
+    to copy what came meanwhile and start the WAL over (RESTART). A RESTART alone held
+    every write for its whole copy: a p99 of 19.5 ms at one connection. In memory
+    (/dev/shm) where there is one, so that fsyncs, which the RESTART still makes, do not
+    weigh in: on a slow disk they would, whatever the checkpoint does."""
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    path = Path(tempfile.mkdtemp(dir=folder)) / "g.db"
+    storage = await open_storage(f"sqlite:///{path}")
+    try:
+        await storage.create_project(ProjectRecord(id="prj_g", name="g"))
+        await storage.add_credit("prj_g", 10**12, "2026-11")
+        bulk = sqlite3.connect(path, isolation_level=None)  # some 40 MB of frames to fold
+        bulk.execute("PRAGMA wal_autocheckpoint = 0")
+        bulk.execute("CREATE TABLE bulk (b BLOB)")
+        bulk.executemany("INSERT INTO bulk VALUES (randomblob(4000))", [()] * 10_000)
+        bulk.close()
+        checkpoint = asyncio.create_task(storage.checkpoint())
+        started = time.monotonic()
+        longest = 0.0
+        written = 0
+        while not checkpoint.done():
+            before = time.monotonic()
+            reservation = hold(written)
+            await storage.reserve(reservation)
+            await storage.release(reservation.id)
+            longest = max(longest, time.monotonic() - before)
+            written += 1
+        took = time.monotonic() - started
+        assert took > 0.02, f"the checkpoint took {took * 1000:.1f} ms: too little to tell"
+        assert longest < took / 2, f"a write waited {longest * 1000:.1f} of {took * 1000:.1f} ms"
+    finally:
+        await storage.close()
+        shutil.rmtree(path.parent)
