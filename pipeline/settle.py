@@ -7,10 +7,10 @@ after dispatch returns when the response never finished (client gone). A request
 billing (an error) is left to the reservation stage, which releases its hold in full.
 The charge never exceeds the hold. A settlement that fails raises: the hold stays open
 and the reservation stage releases it, never a request both unbilled and still holding
-money. A whole response (its length known) waits for the settlement head and body
-together, so that the commit does not split them into two sends a client wakes up for
-(1.06x req/s at one connection); a failed settlement then leaves it unstarted, answered
-500 internal_error by the request id stage. A stream goes out as it comes and is cut.
+money. A whole response (its length known) goes out head and body together once
+settled, so that the commit does not split them into two sends a client wakes up for;
+a failed settlement then leaves it unstarted, answered 500 internal_error by the request
+id stage. A stream goes out as it comes, and is cut.
 """
 
 from __future__ import annotations

@@ -30,10 +30,9 @@ def write_lock_once_held(gw, project: str):
     locker = sqlite3.connect(gw.folder / "data" / "gateway.db", timeout=30, isolation_level=None)
     # Read in-process, not through the CLI: a loaded machine may take longer to start a
     # CLI than the upstream's pause lasts.
+    reserved = "SELECT reserved FROM projects WHERE id = ?"
     deadline = time.monotonic() + 10
-    while not locker.execute("SELECT reserved FROM projects WHERE id = ?", (project,)).fetchone()[
-        0
-    ]:
+    while not locker.execute(reserved, (project,)).fetchone()[0]:
         assert time.monotonic() < deadline, "the hold was never taken"
         time.sleep(0.01)
     locker.execute("BEGIN IMMEDIATE")
