@@ -4,10 +4,10 @@ commit.
 
 Every statement stays atomic on its own (a trigger's RAISE(ABORT) undoes only its
 statement), so batching changes nothing but the cost: one commit for a batch instead of
-one per write. A write may also be a unit of several
-statements (the log's leaves and tree head), made atomic by a savepoint. All of the
-process's writes on the request's side go through here: a second writing connection
-would be starved by batches that follow one another without a gap.
+one per write. A write may also be a unit of several statements (the log's leaves and
+tree head), made atomic by a savepoint. All of the process's writes on the request's side
+go through here: a second writing connection would be starved by batches that follow one
+another without a gap.
 
 The batch runs on the event loop itself: a few single-row statements take tens of
 microseconds, while a hop to a worker thread and back measured 200-350 us on the 2-core
