@@ -30,8 +30,9 @@ async def storage(fresh_storage_url):
     await backend.close()
 
 
-async def issue(storage, count: int) -> list[ReceiptRecord]:
-    """`count` receipts, settled one after the other through real holds."""
+async def issue(storage, count: int, descending_ids: bool = False) -> list[ReceiptRecord]:
+    """`count` receipts, settled one after the other through real holds (their ids sort
+    against their issue order when `descending_ids`)."""
     pid = new_id("prj")
     await storage.create_project(ProjectRecord(id=pid, name="log"))
     await storage.add_credit(pid, 10_000, MONTH)
@@ -50,7 +51,7 @@ async def issue(storage, count: int) -> list[ReceiptRecord]:
         await storage.reserve(hold)
         n = next(_n)
         receipt = ReceiptRecord(
-            id=f"rcpt_{n:012d}",
+            id=f"rcpt_{10**12 - n if descending_ids else n:012d}",
             reservation_id=hold.id,
             project_id=pid,
             key_id=None,
@@ -107,6 +108,14 @@ async def test_settled_receipts_wait_for_the_log_in_issue_order(storage):
     assert await storage.unlogged_receipts(2) == receipts[:2]
     assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts]
     assert await storage.unlogged_receipt_ids(2) == [r.id for r in receipts[:2]]
+
+
+async def test_the_queue_keeps_issue_order_whatever_the_ids(storage):
+    receipts = await issue(storage, 4, descending_ids=True)
+    assert [r.id for r in receipts] == sorted((r.id for r in receipts), reverse=True)
+    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts]
+    assert await storage.unlogged_receipt_ids(3) == [r.id for r in receipts[:3]]
+    assert await storage.unlogged_receipts(10) == receipts
 
 
 async def test_appended_entries_tiles_and_heads_read_back_and_leave_the_queue(storage):
