@@ -246,6 +246,11 @@ class Storage(abc.ABC):
     async def checkpoint(self) -> None:  # noqa: B027 (optional: most backends need nothing)
         """Periodic housekeeping of the backend's write log, if it has one."""
 
+    def writes_idle(self) -> bool:
+        """True when none of this process's request-path writes (holds, settlements) runs
+        or waits: a hold taken now would commit alone, not share a batch's commit."""
+        return True
+
     @abc.abstractmethod
     def admin_epoch(self) -> Hashable:
         """A cheap token that changes after any key or project change, by any process."""

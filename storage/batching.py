@@ -65,6 +65,11 @@ class Batcher(Generic[I, O]):
                 future.cancel()
             self._pending = []
 
+    @property
+    def idle(self) -> bool:
+        """No batch runs or waits: an item submitted now runs alone."""
+        return self._flusher is None
+
     async def close(self) -> None:
         """Wait for the batches queued so far (a cancelled close leaves them running)."""
         if self._flusher is not None:

@@ -121,6 +121,10 @@ class GroupCommitWriter:
         conn.execute("RELEASE unit")
         return 0
 
+    @property
+    def idle(self) -> bool:
+        return self._batches.idle
+
     async def close(self) -> None:
         await self._batches.close()
         self._conn.close()

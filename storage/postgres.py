@@ -504,6 +504,9 @@ class PostgresStorage(Storage):
         if await _failure(lambda: asyncio.wait_for(self._pool.close(), 10)):
             self._pool.terminate()
 
+    def writes_idle(self) -> bool:
+        return self._holds.idle and self._receipts.idle
+
     async def health(self) -> None:
         await self._run(lambda c: c.fetchval("SELECT 1"))
 

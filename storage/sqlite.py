@@ -469,6 +469,9 @@ class SQLiteStorage(Storage):
         finally:
             await self._conn.close()
 
+    def writes_idle(self) -> bool:
+        return self._writer.idle
+
     async def health(self) -> None:
         await self._fetchone("SELECT 1")
 

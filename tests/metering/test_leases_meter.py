@@ -87,6 +87,30 @@ async def test_keyless_holds_are_direct(storage):
     assert isinstance(await LeasedMeter(storage).reserve(pid, None, 100), ReservationRecord)
 
 
+async def test_holds_are_direct_while_writes_are_queued(storage):
+    """Under load a direct hold shares its batch's commit; idle, it would commit alone,
+    and a lease saves that commit."""
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    assert storage.writes_idle()
+    assert isinstance(await meter.reserve(pid, kid, 100), LeaseHold)
+    other = ReservationRecord(
+        id=new_id("rsv"), project_id=pid, key_id=None, amount=5, month=current_month(),
+        owner=meter.owner, lease_until=2**40, created_at=0,
+    )  # fmt: skip
+    queued = asyncio.create_task(storage.reserve(other))  # another request's hold
+    await asyncio.sleep(0)  # it waits for the next batch now
+    assert not storage.writes_idle()
+    busy = await meter.reserve(pid, kid, 100)
+    assert isinstance(busy, ReservationRecord)  # a direct hold, in that batch
+    await queued
+    assert storage.writes_idle()
+    assert isinstance(await meter.reserve(pid, kid, 100), LeaseHold)
+    await meter.release(busy)
+    await storage.release(other.id)
+    await meter.stop()
+
+
 async def test_an_admin_change_retires_the_leases(storage):
     pid, kid = await funded(storage, 1_000_000)
     meter = LeasedMeter(storage)
@@ -180,6 +204,22 @@ async def test_holds_taken_from_a_lease_show_as_reserved_after_a_turn(storage):
     later = await meter.reserve(pid, kid, 100)
     await meter.release(later)
     assert later.lease.writes == later.writes
+    await meter.stop()
+
+
+async def test_a_hold_closed_while_a_turn_writes_it_stops_showing(storage):
+    """The turn's write of `in_use` is in flight (it counts the hold) when the hold
+    closes: once the close returns, the row no longer shows it."""
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    hold = await meter.reserve(pid, kid, 100)
+    turn = asyncio.create_task(meter.keep())
+    await asyncio.sleep(0)  # the turn's write (in_use = 100) waits for its batch
+    assert hold.lease.writes == hold.writes + 1
+    await meter.release(hold)
+    assert (await storage.project_account(pid, current_month())).reserved == 0
+    await turn
+    assert (await storage.project_account(pid, current_month())).reserved == 0
     await meter.stop()
 
 
