@@ -83,6 +83,7 @@ from model_gateway.gateway.metering import StorageMeter, current_month, receipt_
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.ports import Reserved
 from model_gateway.storage import LimitReached, ReservationRecord
+from model_gateway.storage.batching import Batcher, Outcome
 
 log = logging.getLogger("gateway.metering")
 
@@ -174,10 +175,11 @@ class LeasedMeter(StorageMeter):
         self._cooling: dict[str, float] = {}  # project -> monotonic time it may lease again
         self._retired: set[Lease] = set()
         self._holds = itertools.count()
-        # One write of `in_use` at a time: each knows what the row says (`written`) when it
-        # decides, and the row keeps the last one issued (on PostgreSQL, two writes on two
-        # connections could commit in either order).
-        self._in_use_lock = asyncio.Lock()
+        # What requests hold of leases goes to their rows one write at a time, each for
+        # every lease asked for while the one before ran: a write knows what the rows say
+        # (`written`) when it starts, and the last one started lands last (on PostgreSQL,
+        # two writes on two connections could commit in either order).
+        self._in_use_writes: Batcher[list[Lease], None] = Batcher(self._write_in_use_now, 256)
         self._epoch: Hashable = self.storage.admin_epoch()
         self._keeper: asyncio.Task[None] | None = None
 
@@ -195,6 +197,7 @@ class LeasedMeter(StorageMeter):
                 await self.give_back(lambda lease: True)
             except Exception:
                 log.exception("could not give leases back; the sweeper will")
+            await self._in_use_writes.close()
         await super().stop()
 
     # -- the Meter port -----------------------------------------------------------------
@@ -427,18 +430,20 @@ class LeasedMeter(StorageMeter):
             await self._write_in_use(changed)
 
     async def _write_in_use(self, leases: list[Lease]) -> None:
-        """Write what requests hold of each lease now, where its row says otherwise. After
-        a write in flight, not before it: a hold that closed meanwhile and saw the row
-        unchanged would otherwise stay shown once that write lands."""
-        async with self._in_use_lock:
-            uses = [(lease, lease.held) for lease in leases if lease.held != lease.written]
-            if not uses:
-                return
+        """Write what requests hold of each lease, in a write that starts after this call:
+        one in flight may have counted a hold that closed since."""
+        await self._in_use_writes.submit(leases)
+
+    async def _write_in_use_now(self, asked: list[list[Lease]]) -> list[Outcome[None]]:
+        leases = dict.fromkeys(lease for group in asked for lease in group)
+        uses = [(lease, lease.held) for lease in leases if lease.held != lease.written]
+        if uses:
             for lease, _ in uses:
                 lease.writes += 1
             await self.storage.mark_in_use([(lease.record.id, held) for lease, held in uses])
             for lease, held in uses:
                 lease.written = held
+        return [None] * len(asked)
 
     async def _answer_recalls(self) -> None:
         recalled = set(await self.storage.recalled_leases(self.owner))

@@ -214,8 +214,11 @@ async def test_a_hold_closed_while_a_turn_writes_it_stops_showing(storage):
     meter = LeasedMeter(storage)
     hold = await meter.reserve(pid, kid, 100)
     turn = asyncio.create_task(meter.keep())
-    await asyncio.sleep(0)  # the turn's write (in_use = 100) waits for its batch
-    assert hold.lease.writes == hold.writes + 1
+    for _ in range(20):  # until the turn's write (in_use = 100) has started
+        await asyncio.sleep(0)
+        if hold.lease.writes > hold.writes:
+            break
+    assert hold.lease.writes == hold.writes + 1 and not turn.done()
     await meter.release(hold)
     assert (await storage.project_account(pid, current_month())).reserved == 0
     await turn
