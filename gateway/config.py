@@ -100,8 +100,9 @@ class MetricsConfig(_Section):
 class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
-    # Requests reserve in memory against slices this process leased (gateway/leased_meter.py).
-    leases: bool = False
+    # While this process's writes are idle, requests reserve in memory against slices it
+    # leased (gateway/leased_meter.py); off, every hold is written.
+    leases: bool = True
 
 
 class ConsoleConfig(_Section):
