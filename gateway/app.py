@@ -18,7 +18,7 @@ from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
-from model_gateway.gateway.leased_meter import meter_class
+from model_gateway.gateway.leased_meter import LeasedMeter
 from model_gateway.gateway.limiter import Limiter, open_limiter
 from model_gateway.gateway.logs import AccessLog
 from model_gateway.gateway.metering import StorageMeter, process_owner
@@ -76,7 +76,8 @@ class Gateway:
         self.transparency_log = TransparencyLog(
             self.storage, self.signing_key, origin=log_origin(self.config)
         )
-        self.meter = meter_class(self.config.metering.leases, self.storage)(
+        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
+        self.meter = meter_class(
             self.storage,
             self.metrics,
             owner=owner,

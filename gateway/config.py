@@ -101,9 +101,8 @@ class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
     # While this process's writes are idle, requests reserve in memory against slices it
-    # leased (gateway/leased_meter.py); off, every hold is written. Unset: the storage's
-    # default, on for SQLite, off for PostgreSQL (where they measured slower).
-    leases: bool | None = None
+    # leased (gateway/leased_meter.py); off, every hold is written.
+    leases: bool = True
 
 
 class ConsoleConfig(_Section):

@@ -1,6 +1,6 @@
-"""The `Meter` with leases (`[metering] leases`, on by default on SQLite): requests reserve
-in memory against slices of money this process leased, so a request writes one row set,
-its settlement.
+"""The `Meter` with leases (`[metering] leases`, on by default): requests reserve in memory
+against slices of money this process leased, so a request writes one row set, its
+settlement.
 
 Rules
 -----
@@ -84,7 +84,7 @@ import anyio
 from model_gateway.gateway.metering import StorageMeter, current_month, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.ports import Reserved
-from model_gateway.storage import LimitReached, ReservationRecord, Storage
+from model_gateway.storage import LimitReached, ReservationRecord
 from model_gateway.storage.batching import Batcher, Outcome
 
 log = logging.getLogger("gateway.metering")
@@ -462,13 +462,6 @@ class LeasedMeter(StorageMeter):
             self._cooling[lease.record.project_id] = time.monotonic() + COOL_DOWN_S
             self._retire(lease)
             await self._return_free(lease, answer=True)  # clears its flag, or ends it
-
-
-def meter_class(leases: bool | None, storage: Storage) -> type[StorageMeter]:
-    """The meter `[metering] leases` asks for; unset, the storage's default."""
-    if leases is None:
-        leases = storage.leases_by_default
-    return LeasedMeter if leases else StorageMeter
 
 
 def _room(figures: dict[str, int | None]) -> int:

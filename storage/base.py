@@ -246,10 +246,6 @@ class Storage(abc.ABC):
     async def checkpoint(self) -> None:  # noqa: B027 (optional: most backends need nothing)
         """Periodic housekeeping of the backend's write log, if it has one."""
 
-    #: Whether the meter leases slices by default (`[metering] leases` unset): where a hold
-    #: taken from a lease measured faster than a written one (gateway/leased_meter.py).
-    leases_by_default: ClassVar[bool] = False
-
     def writes_idle(self) -> bool:
         """True when none of this process's request-path writes (holds, settlements) runs
         or waits: a hold taken now would commit alone, not share a batch's commit."""

@@ -469,11 +469,6 @@ class SQLiteStorage(Storage):
         finally:
             await self._conn.close()
 
-    # A hold that commits alone is what leases remove: 1.12x req/s at one connection, no
-    # loss at 32. (One PostgreSQL instance at 32 connections served 0.80x the req/s with
-    # them, 991 against 1,240 in bench/scaleout.py: its default is off.)
-    leases_by_default: ClassVar[bool] = True
-
     def writes_idle(self) -> bool:
         return self._writer.idle
 

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from model_gateway.gateway.instance import Instance
-from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold, meter_class
-from model_gateway.gateway.metering import StorageMeter, current_month
+from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
+from model_gateway.gateway.metering import current_month
 from model_gateway.gateway.metrics import Metrics
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance, ServiceUnavailable
 from model_gateway.storage import ProjectRecord, StorageError, open_storage
@@ -38,13 +38,6 @@ async def funded(storage, credit: int, **key_options) -> tuple[str, str]:
     await storage.create_key(key)
     await storage.add_credit(pid, credit, current_month())
     return pid, kid
-
-
-async def test_leases_are_the_default_where_they_measured_faster(storage):
-    expected = LeasedMeter if isinstance(storage, SQLiteStorage) else StorageMeter
-    assert meter_class(None, storage) is expected
-    assert meter_class(True, storage) is LeasedMeter
-    assert meter_class(False, storage) is StorageMeter
 
 
 async def test_requests_share_a_lease_and_settle_against_it(storage):
