@@ -1,6 +1,5 @@
-"""The `Meter` with leases (`[metering] leases`, on by default): requests reserve in memory
-against slices of money this process leased, so a request writes one row set, its
-settlement.
+"""The `Meter` with leases (`[metering] leases = true`): requests reserve in memory against
+slices of money this process leased, so a request writes one row set, its settlement.
 
 Rules
 -----

@@ -28,18 +28,17 @@ async def fire(url: str, key: str, n: int = 60) -> list[httpx.Response]:
 
 
 @pytest.fixture(scope="module")
-def holds_gateway(tmp_path_factory):
-    """A gateway that writes every request's hold (`[metering] leases = false`)."""
-    config = "\n[metering]\nleases = false\n"
-    with GatewayProcess(tmp_path_factory.mktemp("holds"), extra_config=config) as process:
+def leased_gateway(tmp_path_factory):
+    """A gateway whose requests reserve against leased slices (gateway/leased_meter.py)."""
+    config = "\n[metering]\nleases = true\n"
+    with GatewayProcess(tmp_path_factory.mktemp("leases"), extra_config=config) as process:
         yield process
 
 
 @pytest.fixture(params=["holds", "leases"])
 def metered(request):
-    """The same rules with every request's own hold and with leased slices (the default:
-    taken from a lease while the process's writes are idle, written otherwise)."""
-    return request.getfixturevalue("holds_gateway" if request.param == "holds" else "gateway")
+    """The same rules with every request's own hold and with leased slices."""
+    return request.getfixturevalue("gateway" if request.param == "holds" else "leased_gateway")
 
 
 @pytest.mark.parametrize(
