@@ -120,6 +120,11 @@ class Lease:
     def free(self) -> int:
         return self.remaining - self.held
 
+    @property
+    def unwritten(self) -> bool:
+        """Its row's `in_use` (as last written) is not what its requests hold now."""
+        return self.held != self.written
+
 
 class LeaseHold:
     """A request's hold taken from a lease: exists only in this process."""
@@ -429,7 +434,7 @@ class LeasedMeter(StorageMeter):
     async def _mark_in_use(self) -> None:
         """Write what requests hold of each lease that changed, so that `reserved` shows
         the requests' own holds (at most a turn, `poll_s`, late)."""
-        changed = [lease for lease in self._leases() if lease.held != lease.written]
+        changed = [lease for lease in self._leases() if lease.unwritten]
         if changed:
             await self._write_in_use(changed)
 
@@ -440,7 +445,7 @@ class LeasedMeter(StorageMeter):
 
     async def _write_in_use_now(self, asked: list[list[Lease]]) -> list[Outcome[None]]:
         leases = dict.fromkeys(lease for group in asked for lease in group)
-        uses = [(lease, lease.held) for lease in leases if lease.held != lease.written]
+        uses = [(lease, lease.held) for lease in leases if lease.unwritten]
         if uses:
             for lease, _ in uses:
                 lease.writes += 1
