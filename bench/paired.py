@@ -113,13 +113,27 @@ def report(args, results) -> None:
     rps_base, cpu_base = medians[base]
     rounds = f"{args.rounds} alternating rounds of {args.seconds} s"
     print(f"{args.scenario}, {args.connections} connections, {rounds}; ratios to {base}")
-    print("| variant | req/s (median) | CPU ms/request |")
-    print("|---|---:|---:|")
+    print("| variant | req/s (median) | CPU ms/request | req/s ÷ base, round by round |")
+    print("|---|---:|---:|---:|")
     for name, (rps, cpu) in medians.items():
         ratios = (
-            ("", "") if name == base else (f" ({rps / rps_base:.2f}x)", f" ({cpu / cpu_base:.2f}x)")
+            ("", "", "")
+            if name == base
+            else (
+                f" ({rps / rps_base:.2f}x)",
+                f" ({cpu / cpu_base:.2f}x)",
+                _spread(results[name], results[base]),
+            )
         )
-        print(f"| {name} | {rps:,.0f}{ratios[0]} | {cpu:.3f}{ratios[1]} |")
+        print(f"| {name} | {rps:,.0f}{ratios[0]} | {cpu:.3f}{ratios[1]} | {ratios[2]} |")
+
+
+def _spread(rounds: list[tuple[float, float]], base: list[tuple[float, float]]) -> str:
+    """Each round's req/s over the base's in the same round (its neighbour in time): their
+    median and range. A range that straddles 1.00 is a difference the machine's noise
+    can explain."""
+    ratios = sorted(r / b for (r, _), (b, _) in zip(rounds, base, strict=True))
+    return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
 if __name__ == "__main__":
