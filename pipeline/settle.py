@@ -84,6 +84,8 @@ def _whole(start: Message) -> bool:
 
 
 async def _settle(ctx: RequestContext) -> None:
+    if ctx.hold is None or ctx.hold.state != "open":
+        return  # settled at the final body already (or released): nothing to price again
     settlement = settlement_of(ctx)
-    if settlement is not None and ctx.hold is not None:
-        await ctx.hold.settle(settlement)  # idempotent: the second call is a no-op
+    if settlement is not None:
+        await ctx.hold.settle(settlement)

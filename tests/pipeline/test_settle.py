@@ -12,6 +12,7 @@ from model_gateway.pipeline.settle import Settle
 
 class FlatPricing:
     kind = "inference"
+    priced = 0  # how many times `cost` ran, over every instance
 
     def subject(self, ctx: RequestContext) -> str:
         return "m"
@@ -20,6 +21,7 @@ class FlatPricing:
         return 500
 
     def cost(self, ctx: RequestContext) -> int:
+        FlatPricing.priced += 1
         return 200
 
 
@@ -75,3 +77,14 @@ async def test_a_streams_head_goes_at_once_and_its_end_is_settled():
         ("http.response.body", 1),
     ]
     assert meter.projects["p"].balance == 800
+
+
+async def test_a_request_is_priced_once_however_its_response_ends():
+    """Once the final body settled the request, the stage's settlement after the handler
+    returns builds nothing again (it ran on every request, for nothing)."""
+    body = {"type": "http.response.body", "body": b"{}"}
+    for messages in ([start((b"content-length", b"2")), body], [start(), body], []):
+        before = FlatPricing.priced
+        meter, _ = await run(messages)
+        assert FlatPricing.priced - before == 1, messages
+        assert len(meter.receipts) == 1 and meter.projects["p"].balance == 800
