@@ -24,6 +24,7 @@ import time
 
 import anyio
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.pipeline.errors import ServiceUnavailable
 from model_gateway.storage import Storage
 
@@ -54,10 +55,8 @@ class Instance:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
         with anyio.CancelScope(shield=True):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await stop_tasks(*self._tasks)
             try:
                 await self.storage.deregister_instance(self.id)
             except Exception:

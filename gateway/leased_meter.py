@@ -80,6 +80,7 @@ from typing import Any
 
 import anyio
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.metering import StorageMeter, current_month, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.ports import Reserved
@@ -197,11 +198,8 @@ class LeasedMeter(StorageMeter):
         self._keeper = asyncio.create_task(self._keep_forever())
 
     async def stop(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(self._keeper, return_exceptions=True)
         with anyio.CancelScope(shield=True):
+            await stop_tasks(self._keeper)
             try:
                 await self.give_back(lambda lease: True)
             except Exception:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 
 import anyio
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.config import ClusterConfig
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.metrics import Metrics
@@ -122,10 +123,8 @@ class StorageMeter:
             log.warning("released %d reservation(s) abandoned by a dead process", released)
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(self._sweeper, return_exceptions=True)
+        with anyio.CancelScope(shield=True):
+            await stop_tasks(self._sweeper)
 
     async def _sweep_forever(self) -> None:
         renew_every = self.lease_s / 3

@@ -8,10 +8,10 @@ pruner, off the request path, deletes the buckets whose arrival time is past eve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.limiter import StoreHealth
 from model_gateway.storage import StorageError
 from model_gateway.storage.postgres import PostgresStorage
@@ -44,6 +44,4 @@ class PostgresGcra:
                 log.warning("rate limits: pruning old buckets failed (%s)", exc)
 
     async def close(self) -> None:
-        self._pruner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._pruner
+        await stop_tasks(self._pruner)

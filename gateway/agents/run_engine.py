@@ -34,6 +34,7 @@ from model_gateway.gateway.agents.run_step import (
     cancelled,
     check_model,
 )
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.metering import owner_check
 from model_gateway.pipeline.endpoint import Endpoint, RouteTable
@@ -134,9 +135,7 @@ class AgentEngine:
 
     async def stop(self) -> None:
         """Stop the sweeper, then every run: each settles what ran and ends `failed`."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await stop_tasks(self._sweeper)
         tasks = [live.task for live in self._live.values() if live.task is not None]
         for live in list(self._live.values()):
             live.control.interrupt(_shutdown())

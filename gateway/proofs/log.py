@@ -37,6 +37,7 @@ from collections import OrderedDict
 import anyio
 import msgspec
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.money import format_amount
 from model_gateway.gateway.proofs.checkpoint import DEFAULT_ORIGIN, sign_checkpoint
 from model_gateway.gateway.proofs.log_key import SigningKey, verify_signature
@@ -181,9 +182,8 @@ class TransparencyLog:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
             with anyio.CancelScope(shield=True):
-                await asyncio.gather(self._task, return_exceptions=True)
+                await stop_tasks(self._task)
                 self._task = None
                 # Receipts settled during shutdown: integrate now rather than at next start
                 # (or rather than leaving them to the next sequencer).

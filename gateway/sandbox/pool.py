@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.config import Config, ConfigError, SandboxNodeConfig, SandboxNodeEntry
 from model_gateway.gateway.sandbox.client import (
     NodeUnreachable,
@@ -137,9 +138,7 @@ class NodePool:
         self._checks = [asyncio.create_task(self._keep_checking(node)) for node in self.nodes]
 
     async def close(self) -> None:
-        for task in self._checks:
-            task.cancel()
-        await asyncio.gather(*self._checks, return_exceptions=True)
+        await stop_tasks(*self._checks)
         self._checks = []
         for node in self.nodes:
             await node.close()

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 
+from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.config import ConfigError
 from model_gateway.gateway.sandbox.child import child_command
 
@@ -119,10 +120,8 @@ class NodeSupervisor:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(self._task, return_exceptions=True)
+        with anyio.CancelScope(shield=True):
+            await stop_tasks(self._task)
         process = self.process
         if process is not None and process.returncode is None:
             with anyio.CancelScope(shield=True):
