@@ -24,42 +24,16 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CONFIG = """\
-[server]
-host = "127.0.0.1"
-port = 8080
-environment = "development"
-cors_origins = []
-
-[storage]
-url = "sqlite:///gw.db"
-
-[secrets]
-key_pepper_file = "key-pepper"
-signing_key_file = "signing-key"
-
-[limits]
-gateway_timeout_s = 120
-default_project_rpm = 100000000
-default_key_rpm = 100000000
-
-[providers.local]
-kind = "echo"
-
-[models."echo-1"]
-provider = "local"
-upstream = "echo-1"
-input_price_per_mtok = "0.50"
-output_price_per_mtok = "1.50"
-max_output_tokens = 256
-available = true
-"""
+# The repository's own config.toml, as `make run` serves it: SQLite and the echo provider.
+CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+HIGH_RPM = "100000000"
 BODY = b'{"model":"echo-1","max_tokens":64,"messages":[{"role":"user","content":"Say hi."}]}'
 
 
@@ -112,15 +86,17 @@ async def run(folder: Path, requests: int, tasks: int) -> None:
 
 def provision(folder: Path, gateway: Path) -> None:
     """A config, a funded project and a key, made with the CLI as an operator would."""
-    (folder / "config.toml").write_text(CONFIG)
+    shutil.copyfile(CONFIG, folder / "config.toml")  # its paths resolve in `folder`
 
     def cli(*args: str) -> str:
         argv = [str(gateway), *args, "--json", "--config", str(folder / "config.toml")]
         done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=folder)
         return done.stdout
 
-    project = json.loads(cli("projects", "create", "bench", "--balance", "1000000"))["id"]
-    key = json.loads(cli("keys", "create", "--project", project, "--scopes", "inference"))
+    created = cli("projects", "create", "bench", "--balance", "1000000", "--rpm", HIGH_RPM)
+    project = json.loads(created)["id"]
+    made = cli("keys", "create", "--project", project, "--scopes", "inference", "--rpm", HIGH_RPM)
+    key = json.loads(made)
     (folder / "key").write_text(key["key"])
 
 
@@ -147,8 +123,7 @@ def per_request(python: Path, requests: int, tasks: int) -> float:
         # make the second's b-trees deeper than the first's.
         totals = []
         for n in (requests, 2 * requests):
-            for name in ("gw.db", "gw.db-wal", "gw.db-shm"):
-                (folder / name).unlink(missing_ok=True)
+            shutil.rmtree(folder / "data", ignore_errors=True)
             provision(folder, python.with_name("gateway"))
             totals.append(count(python, folder, n, tasks))
         return (totals[1] - totals[0]) / requests
