@@ -4,7 +4,8 @@ One `task.cancel()` is not always enough on Python 3.11: `asyncio.wait_for` retu
 inner result, dropping the cancel, when the two arrive together (fixed in 3.12), and the
 log's sequencer claim and the PostgreSQL storage call it on every turn. A loop that lost
 its cancel goes on, and a shutdown that waits for it waits forever (seen in a test run:
-the log's `stop` never returned). So the cancel is repeated until the task has ended.
+the log's `stop` never returned). So the cancel is repeated until the task has ended: a
+loop's own cleanup that awaits must shield itself (none of the loops stopped here has one).
 """
 
 from __future__ import annotations
