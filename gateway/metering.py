@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import anyio
-
 from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.config import ClusterConfig
 from model_gateway.gateway.instance import Instance
@@ -123,8 +121,7 @@ class StorageMeter:
             log.warning("released %d reservation(s) abandoned by a dead process", released)
 
     async def stop(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await stop_tasks(self._sweeper)
+        await stop_tasks(self._sweeper)  # waits for it even when this caller is cancelled
 
     async def _sweep_forever(self) -> None:
         renew_every = self.lease_s / 3
