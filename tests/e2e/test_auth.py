@@ -8,6 +8,7 @@ import pytest
 
 from model_gateway.gateway import keys
 from tests.support.errors import assert_error, without_request_id
+from tests.support.gateway_process import CliFailed
 from tests.support.http import bearer, chat_body
 
 ALL_SCOPES = "inference,sandboxes,receipts"
@@ -38,11 +39,19 @@ def test_no_key_on_an_inference_endpoint_is_invalid_api_key(http):
 
 
 def expiring_key(gateway, project: str, scopes: str) -> str:
-    """A key that expired a moment ago (the CLI refuses an expiry already past)."""
-    expires = datetime.now(UTC) + timedelta(seconds=1.5)
-    key = gateway.create_key(project, scopes, "--expires-at", expires.isoformat())
-    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.1)
-    return key
+    """A key that expired a moment ago (the CLI refuses an expiry already past: on a busy
+    machine its start-up alone can outlast a short one, so a longer one is tried next)."""
+    for seconds in (1.5, 5, 15):
+        expires = datetime.now(UTC) + timedelta(seconds=seconds)
+        try:
+            key = gateway.create_key(project, scopes, "--expires-at", expires.isoformat())
+        except CliFailed as refused:
+            if "in the past" not in str(refused):
+                raise
+            continue
+        time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.1)
+        return key
+    raise AssertionError("the CLI refused every expiry as past")
 
 
 def test_malformed_unknown_revoked_expired_and_missing_keys_are_indistinguishable(
