@@ -105,6 +105,8 @@ class StorageMeter:
         self.lease_s = lease_s
         self.instance = instance  # None: never fenced (embedded without a registry)
         self.on_settled = on_settled  # each receipt once committed (the log: no read-back)
+        # Nothing here has a timeout of its own: whether the storage's calls do decides.
+        self.runs_in_caller = not storage.self_cancelling
         self.open_holds = 0  # this process's holds not yet settled or released
         self._sweeper: asyncio.Task[None] | None = None
         # Holds whose release failed (storage locked, gone): retried by the sweeper, so a

@@ -84,6 +84,12 @@ class Reserved(Protocol):
 
 
 class Meter(Protocol):
+    """Holds and charges money. A meter whose calls never cancel the task that awaits
+    them (no timeout or cancel scope of their own) may say so with a true attribute
+    `runs_in_caller`: a hold then runs its calls in the caller's task instead of a task of
+    their own (pipeline/hold.py), about 5% of a metered request's instructions. A cancel
+    that such a call made for itself would be taken for its caller's and never reach it."""
+
     async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
         """Hold `amount` atomically against every limit, or raise BudgetExceeded /
         InsufficientBalance."""

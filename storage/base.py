@@ -207,6 +207,10 @@ class Storage(abc.ABC):
 
     #: The driver's exception classes, translated to StorageError by the wrapper.
     base_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: Whether a call may cancel the task that awaits it (a timeout or cancel scope of its
+    #: own, as asyncpg's): a meter over a storage whose calls never do runs its calls in the
+    #: caller's task (`runs_in_caller`, pipeline/ports.py).
+    self_cancelling: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

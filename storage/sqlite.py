@@ -312,6 +312,8 @@ class SQLiteStorage(Storage):
         OverflowError,
         OSError,
     )
+    # Writes await the group commit's futures, reads aiosqlite's: no call has a timeout.
+    self_cancelling: ClassVar[bool] = False
 
     def __init__(self, conn: aiosqlite.Connection, path: Path, writer: GroupCommitWriter) -> None:
         self._conn = conn

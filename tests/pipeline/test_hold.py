@@ -1,10 +1,14 @@
 """The hold closes exactly once even when its task is cancelled the asyncio way
-(`task.cancel()`, as dispatch does when a client disconnects), not only by anyio scopes."""
+(`task.cancel()`, as dispatch does when a client disconnects), not only by anyio scopes.
+
+Each test runs twice: with the meter's calls in a task of their own, and stepped in the
+caller's task (a meter with `runs_in_caller`, pipeline/ports.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import anyio
 import pytest
 
 from model_gateway.pipeline.context import Settlement
@@ -33,9 +37,11 @@ def settlement(cost: int) -> Settlement:
     )  # fmt: skip
 
 
-@pytest.fixture
-def meter() -> SlowMeter:
-    return SlowMeter({"p": Project("p", balance=1_000)}, {})
+@pytest.fixture(params=[True, False], ids=["in the caller", "in a task"])
+def meter(request) -> SlowMeter:
+    meter = SlowMeter({"p": Project("p", balance=1_000)}, {})
+    meter.runs_in_caller = request.param
+    return meter
 
 
 async def test_a_settle_cancelled_midway_still_completes_then_the_cancel_goes_on(meter):
@@ -59,3 +65,75 @@ async def test_a_release_cancelled_midway_still_frees_the_money(meter):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert hold.state == "released" and meter.reserved("p") == 0
+
+
+async def test_a_take_cancelled_while_the_meter_writes_releases_what_it_reserved(meter):
+    class SlowReserve(type(meter)):
+        async def reserve(self, project_id, key_id, amount):
+            await asyncio.sleep(0.05)
+            return await super().reserve(project_id, key_id, amount)
+
+    meter.__class__ = SlowReserve
+    task = asyncio.create_task(Hold.take(meter, "p", None, 600))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert meter.reserved("p") == 0 and meter.projects["p"].balance == 1_000
+
+
+async def test_an_anyio_scope_cancelled_again_and_again_still_lets_the_settle_end(meter):
+    # anyio cancels the task at every turn while its scope is cancelled, not once.
+    hold = await Hold.take(meter, "p", None, 600)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await hold.settle(settlement(250))
+    assert scope.cancelled_caught
+    assert hold.state == "settled" and meter.projects["p"].balance == 750
+
+
+async def test_the_meters_own_errors_reach_it_where_it_awaits(meter):
+    """A failed future is raised inside the meter's call, which may handle it."""
+
+    class Translating(type(meter)):
+        async def release(self, reservation):
+            failed = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(0.01, failed.set_exception, OSError("disk"))
+            try:
+                await failed
+            except OSError as exc:
+                raise RuntimeError(f"storage: {exc}") from exc
+
+    meter.__class__ = Translating
+    hold = await Hold.take(meter, "p", None, 600)
+    with pytest.raises(RuntimeError, match="storage: disk"):
+        await hold.release()
+
+
+async def test_a_bare_yield_in_the_meter_gives_the_loop_a_turn(meter):
+    ran: list[str] = []
+
+    class Yielding(type(meter)):
+        async def reserve(self, project_id, key_id, amount):
+            await asyncio.sleep(0)  # a bare yield to the loop
+            ran.append("meter")
+            return await super().reserve(project_id, key_id, amount)
+
+    meter.__class__ = Yielding
+    asyncio.get_running_loop().call_soon(ran.append, "loop")
+    hold = await Hold.take(meter, "p", None, 600)
+    assert ran == ["loop", "meter"] and hold.amount == 600
+
+
+async def test_calls_run_in_the_callers_task_only_when_the_meter_says_so(meter):
+    tasks: list[asyncio.Task | None] = []
+
+    class Watching(type(meter)):
+        async def reserve(self, project_id, key_id, amount):
+            tasks.append(asyncio.current_task())
+            await asyncio.sleep(0.001)
+            return await super().reserve(project_id, key_id, amount)
+
+    meter.__class__ = Watching
+    await Hold.take(meter, "p", None, 600)
+    assert (tasks == [asyncio.current_task()]) is meter.runs_in_caller
