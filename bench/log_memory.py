@@ -2,9 +2,9 @@
 
     python bench/log_memory.py [--leaves 200000] [--keep DIR]
 
-1. Settles N receipts into a fresh SQLite database the way the gateway does (reservation,
-   then receipt: the triggers charge the ledger), in large transactions, so that only the
-   log is measured afterwards.
+1. Settles N receipts into a fresh SQLite database with the gateway's own meter (a hold,
+   then its receipt: the triggers charge the ledger), 256 requests at a time, so that only
+   the log is measured afterwards.
 2. Before (the layout up to migration 0005): the whole Merkle tree in memory
    (merkle.MerkleTree, what the old integrator kept) and, in a copy of the database, a
    log_leaves row per receipt with its public receipt and its Ed25519 signature.
@@ -28,72 +28,45 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import orjson
-
+from model_gateway.gateway.metering import StorageMeter, current_month
 from model_gateway.gateway.proofs.log import TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree, leaf_hash
 from model_gateway.gateway.proofs.receipts import canonical_bytes, sign_receipt
-from model_gateway.storage import open_storage
-from model_gateway.storage.base import ReceiptRecord
+from model_gateway.pipeline.context import Settlement
+from model_gateway.storage import ProjectRecord, open_storage
+from model_gateway.storage.sqlite import _receipt as receipt_of_row
 
 KEY = SigningKey.generate()
 CHUNK = 20_000
+CONCURRENT = 256  # requests settled at a time (group-committed together)
 
 
-def hex_(n: int) -> str:
-    return secrets.token_hex(n)
+async def settle_receipts(path: Path, count: int) -> None:
+    """N billed chats, settled by the gateway's own meter (a hold, then its receipt), a
+    batch of concurrent requests at a time."""
+    storage = await open_storage(f"sqlite:///{path}")
+    meter = StorageMeter(storage)
+    project = "prj_" + secrets.token_hex(8)
+    await storage.create_project(ProjectRecord(id=project, name="bench"))
+    await storage.add_credit(project, 10**15, current_month())
+
+    async def one() -> None:
+        hold = await meter.reserve(project, None, 2000)
+        await meter.settle(hold, settlement())
+
+    for start in range(0, count, CONCURRENT):
+        await asyncio.gather(*(one() for _ in range(min(CONCURRENT, count - start))))
+    await storage.close()
 
 
-def settle_receipts(path: Path, count: int) -> None:
-    """N billed chats' rows, as the meter writes them (ids and salts of real length)."""
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA foreign_keys = ON")
-    now = int(time.time())
-    db.execute(
-        "INSERT INTO projects (id, name, created_at) VALUES ('prj_bench', 'bench', ?)", (now,)
-    )
-    db.execute(
-        "INSERT INTO ledger (project_id, kind, amount, month, created_at)"
-        " VALUES ('prj_bench', 'credit', ?, '2026-11', ?)",
-        (10**15, now),
-    )
-    micros = time.time_ns() // 1000
-    for start in range(0, count, CHUNK):
-        n = min(CHUNK, count - start)
-        reservations = [(f"rsv_{hex_(8)}", now) for _ in range(n)]
-        db.execute("BEGIN")
-        db.executemany(
-            "INSERT INTO reservations (id, project_id, amount, month, owner, lease_until,"
-            " created_at) VALUES (?, 'prj_bench', 2000, '2026-11', 'bench', ?, ?)",
-            [(rid, now + 600, now) for rid, now in reservations],
-        )
-        db.executemany(
-            "INSERT INTO receipts (id, reservation_id, project_id, key_id, request_id, kind,"
-            " endpoint, model_or_runtime, status, usage, cost, month, created_at,"
-            " request_sha256, response_sha256, request_salt, response_salt,"
-            " request_commitment, response_commitment, usage_source)"
-            " VALUES (?, ?, 'prj_bench', NULL, ?, 'inference', '/v1/chat/completions',"
-            " 'echo-1', 'succeeded', ?, 1234, '2026-11', ?, ?, ?, ?, ?, ?, ?, 'provider')",
-            [
-                (
-                    "rcpt_" + hex_(12),
-                    rid,
-                    "req_" + hex_(12),
-                    '{"input_tokens":12,"output_tokens":34}',
-                    micros + start + i,
-                    hex_(32),
-                    hex_(32),
-                    hex_(16),
-                    hex_(16),
-                    hex_(32),
-                    hex_(32),
-                )
-                for i, (rid, _) in enumerate(reservations)
-            ],
-        )
-        db.execute("COMMIT")
-    db.close()
+def settlement() -> Settlement:
+    return Settlement(
+        receipt_id="rcpt_" + secrets.token_hex(14), request_id="req_" + secrets.token_hex(12),
+        kind="inference", endpoint="/v1/chat/completions", subject="echo-1",
+        status="succeeded", usage={"input_tokens": 12, "output_tokens": 34}, cost=1234,
+        request_body=secrets.token_bytes(200), response_sha256=secrets.token_hex(32),
+    )  # fmt: skip
 
 
 def file_bytes(path: Path) -> int:
@@ -118,9 +91,9 @@ def receipts_of(path: Path):
     """The stored receipts in settlement order, a chunk at a time (flat memory here too)."""
     db = sqlite3.connect(path)
     db.row_factory = sqlite3.Row
-    cursor = db.execute("SELECT * FROM receipts ORDER BY rowid")
+    cursor = db.execute("SELECT * FROM receipts ORDER BY seq")
     while rows := cursor.fetchmany(CHUNK):
-        yield [ReceiptRecord(**{**dict(r), "usage": orjson.loads(r["usage"])}) for r in rows]
+        yield [receipt_of_row(r) for r in rows]
     db.close()
 
 
@@ -210,7 +183,7 @@ def main() -> None:
         await (await open_storage(f"sqlite:///{base}")).close()  # migrations
 
     asyncio.run(create())
-    settle_receipts(base, n)
+    asyncio.run(settle_receipts(base, n))
     base_size = file_bytes(base)
     old, new = folder / "before.db", folder / "after.db"
     shutil.copy(base, old)
