@@ -3,12 +3,16 @@ point of the single binary built by `make dist`."""
 
 import sys
 
-from model_gateway.gateway.sandbox.child import FROZEN_CHILD_ARG
+from model_gateway.gateway.children import LOG_PROCESS_ARG, SANDBOX_NODE_ARG
 
-if sys.argv[1:2] == [FROZEN_CHILD_ARG]:
+if sys.argv[1:2] == [SANDBOX_NODE_ARG]:
     from model_gateway.gateway.sandbox.supervisor import run_child
 
     run_child(sys.argv[2:])  # the binary, started again as its own spawned sandbox node
+elif sys.argv[1:2] == [LOG_PROCESS_ARG]:
+    from model_gateway.gateway.proofs.log_process import run_child
+
+    run_child()  # the binary, started again as its log process
 else:
     from model_gateway.gateway.cli import main
 

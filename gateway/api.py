@@ -87,7 +87,7 @@ class CoreHandlers:
         providers = {name: {"breaker": state} for name, state in states.items()}
         nodes = self.gateway.sandboxes.pool.states()
         proofs = self.gateway.transparency_log
-        transparency_log = {"sequencer": proofs.sequencer, "size": proofs.size}
+        transparency_log = {"sequencer": self.gateway.log_sequencer, "size": proofs.size}
         return json_response(
             {
                 "status": "ok",

@@ -26,6 +26,7 @@ from model_gateway.gateway.metrics import Metrics
 from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
 from model_gateway.gateway.proofs.log import TransparencyLog
 from model_gateway.gateway.proofs.log_key import SigningKey, load_or_create_signing_key
+from model_gateway.gateway.proofs.log_process import LogProcess
 from model_gateway.gateway.providers import Providers
 from model_gateway.gateway.sandbox.executions import SandboxExecutions
 from model_gateway.gateway.secretfile import load_or_create_secret
@@ -40,8 +41,19 @@ log = logging.getLogger("gateway")
 class Gateway:
     """Everything a request may need, opened at start-up and closed at shutdown."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, log_process: bool = False) -> None:
         self.config = config
+        # The log integrated by a child process (`gateway serve` with [proofs] log_process).
+        self.log_process = (
+            LogProcess(
+                config.storage_url,
+                config.path(config.secrets.signing_key_file),
+                log_origin(config),
+                config.server.log_format,
+            )
+            if log_process and config.proofs.log_process
+            else None
+        )
         self.catalog = ConfigCatalog(config)
         self.metrics = Metrics()
         self.access_log = AccessLog(config.server.log_format) if config.server.access_log else None
@@ -86,7 +98,9 @@ class Gateway:
             on_settled=self.transparency_log.offer,
         )
         await self.meter.start()
-        await self.transparency_log.start()  # integrates receipts in the background
+        if self.log_process is not None:
+            await self.log_process.start()  # first: it takes the sequencer lock
+        await self.transparency_log.start()  # integrates, or follows the log process
         self._register_gauges()
         await self.providers.start()
         await self.sandboxes.start()  # node sessions, health checks; spawn = true: the node
@@ -112,8 +126,15 @@ class Gateway:
         self.metrics.gauge(
             "gateway_log_sequencer",
             "1 on the one instance that integrates and signs the log, 0 on the others.",
-            lambda: float(proofs.sequencer),
+            lambda: float(self.log_sequencer),
         )
+
+    @property
+    def log_sequencer(self) -> bool:
+        """Whether this gateway integrates the log: in its own loop, or in its log process."""
+        assert self.transparency_log is not None
+        in_child = self.log_process is not None and self.log_process.sequencer
+        return self.transparency_log.sequencer or in_child
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`
@@ -145,6 +166,8 @@ class Gateway:
             await self.meter.stop()
         if self.limiter is not None:
             await self.limiter.close()
+        if self.log_process is not None:
+            await self.log_process.stop()  # after the last settlement: it logs them all
         if self.transparency_log is not None:
             await self.transparency_log.stop()
         if self.instance is not None:
@@ -159,8 +182,13 @@ class GatewayApp:
     """ASGI app. Starts on the server's lifespan, or on its first request when mounted in
     a host app that does not forward lifespan (pass `app.lifespan` to the host instead)."""
 
-    def __init__(self, config: Config, on_started: Callable[[], None] | None = None) -> None:
-        self.gateway = Gateway(config)
+    def __init__(
+        self,
+        config: Config,
+        on_started: Callable[[], None] | None = None,
+        log_process: bool = False,
+    ) -> None:
+        self.gateway = Gateway(config, log_process)
         self.on_started = on_started  # called once started, before the first request
         self._pipeline = None
         self._start_lock = asyncio.Lock()
@@ -209,5 +237,9 @@ class GatewayApp:
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def create_app(config: Config, on_started: Callable[[], None] | None = None) -> GatewayApp:
-    return GatewayApp(config, on_started)
+def create_app(
+    config: Config, on_started: Callable[[], None] | None = None, log_process: bool = False
+) -> GatewayApp:
+    """The gateway as an ASGI app; `log_process` (gateway serve): the transparency log in a
+    child process when the config says so (gateway/proofs/log_process.py)."""
+    return GatewayApp(config, on_started, log_process)

@@ -193,6 +193,9 @@ class ProofsConfig(_Section):
     # name: a schema-less URL without spaces or "+". Unset: `<public_url host>/log`, or
     # gateway.local/log without public_url (gateway.proofs.checkpoint.default_origin).
     origin: Annotated[str, msgspec.Meta(pattern=r"\A[^\s+]+\Z")] | None = None
+    # `gateway serve` integrates the log in a child process, on another core
+    # (gateway/proofs/log_process.py); false: in its own event loop.
+    log_process: bool = True
 
 
 class SandboxNodeEntry(_Section):

@@ -246,7 +246,8 @@ def serve(config: Config, host: str | None = None, port: int | None = None, **ov
     configure_logging(config.server.log_format)
     options = {**uvicorn_options(config, host, port), **overrides}
     logging.getLogger("gateway").info("listening on http://%s:%d", options["host"], options["port"])
-    uvicorn.run(create_app(config, on_started=tune_garbage_collector), **options)
+    app = create_app(config, on_started=tune_garbage_collector, log_process=True)
+    uvicorn.run(app, **options)
 
 
 def tune_garbage_collector() -> None:

@@ -47,6 +47,7 @@ opens it (SQLite gives its -wal and -shm files the database's mode), the epoch f
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import hashlib
 import os
@@ -232,6 +233,20 @@ def _key(row: sqlite3.Row) -> KeyRecord:
     )
 
 
+def _try_lock(path: Path) -> int | None:
+    """An exclusive flock on `path`, held by the returned descriptor; None if another holds
+    it. One holder among every handle of every process on the file (the log's sequencer:
+    gateway serve and its log process), and the kernel frees it when its holder's process
+    dies, however it dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class AdminEpoch:
     """A sidecar file replaced after every admin change, so any process can notice it by a stat.
 
@@ -319,6 +334,7 @@ class SQLiteStorage(Storage):
         self._conn = conn
         self._path = path
         self._epoch = AdminEpoch(path)
+        self._sequencer_lock: int | None = None  # the lock file's descriptor, while held
         # aiosqlite shares one connection: a transaction must not interleave with another's.
         self._write_lock = asyncio.Lock()
         self._writer = writer
@@ -469,6 +485,9 @@ class SQLiteStorage(Storage):
         try:
             await self._writer.close()
         finally:
+            if self._sequencer_lock is not None:
+                os.close(self._sequencer_lock)  # the lock goes with its descriptor
+                self._sequencer_lock = None
             await self._conn.close()
 
     def writes_idle(self) -> bool:
@@ -1366,7 +1385,9 @@ class SQLiteStorage(Storage):
         )
 
     async def claim_log_sequencer(self) -> bool:
-        return True  # one serving process per file: it is the sequencer
+        if self._sequencer_lock is None:
+            self._sequencer_lock = _try_lock(self._path.with_name(self._path.name + ".sequencer"))
+        return self._sequencer_lock is not None
 
     async def log_tiles(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         # One round trip for every tile a proof needs, the keys as one JSON parameter.

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
-import signal
 import socket
 import sys
 import time
@@ -32,8 +30,8 @@ import aiohttp
 import anyio
 
 from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.children import SANDBOX_NODE_ARG, child_command, die_with_parent
 from model_gateway.gateway.config import ConfigError
-from model_gateway.gateway.sandbox.child import child_command
 
 log = logging.getLogger("model_gateway.gateway.sandbox.supervisor")
 
@@ -42,7 +40,6 @@ STOP_GRACE_S = 10.0
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 STABLE_AFTER_S = 60.0  # a node that ran this long before dying restarts without delay growth
-_PR_SET_PDEATHSIG = 1
 
 
 def node_address(url: str) -> tuple[str, int]:
@@ -51,11 +48,6 @@ def node_address(url: str) -> tuple[str, int]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"[sandbox_node] url is not an http URL: {url!r}")
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class NodeStartError(RuntimeError):
@@ -86,7 +78,7 @@ class NodeSupervisor:
         self.url = url.rstrip("/")
         self.host, self.port = node_address(url)
         self.argv = [
-            *child_command(),
+            *child_command(SANDBOX_NODE_ARG),
             self.host,
             str(self.port),
             str(secret_file),
@@ -143,7 +135,7 @@ class NodeSupervisor:
             str(fd),
             stdin=asyncio.subprocess.DEVNULL,
             pass_fds=(fd,),
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         log.info("sandbox node started: pid %d serving %s", self.process.pid, self.url)
 

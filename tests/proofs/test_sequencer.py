@@ -1,11 +1,13 @@
 """The log's one sequencer. In storage: an append is a compare-and-set on the stored tree
-size (every backend), and the sequencer lock (PostgreSQL: a session advisory lock) is held
-by one handle at a time and freed when its holder dies or hangs. In the log: only the
+size (every backend), and the sequencer lock (PostgreSQL: a session advisory lock; SQLite:
+a flock beside the database) is held by one handle at a time and freed when its holder
+dies (or, on PostgreSQL, hangs). In the log: only the
 holder integrates, the others serve its tree, and a stale holder can never fork it."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import asyncpg  # type: ignore[import-untyped]
@@ -99,12 +101,47 @@ async def test_an_append_that_does_not_continue_the_stored_size_is_refused(
     assert await storage.tree_head() == head(2)
 
 
-async def test_sqlite_serves_one_process_which_is_always_the_sequencer(tmp_path):
-    storage = await open_storage(f"sqlite:///{tmp_path}/one.db")
+async def test_on_sqlite_one_handle_holds_the_lock_until_it_closes(tmp_path):
+    url = f"sqlite:///{tmp_path}/one.db"
+    a, b = await open_storage(url), await open_storage(url)
     try:
-        assert await storage.claim_log_sequencer()
-        assert await storage.claim_log_sequencer()
+        assert await a.claim_log_sequencer() and await a.claim_log_sequencer()
+        assert not await b.claim_log_sequencer()
+        await a.close()
+        assert await b.claim_log_sequencer()
     finally:
+        await b.close()
+
+
+HOLD_THE_LOCK = """
+import asyncio, sys
+from model_gateway.storage import open_storage
+async def main():
+    storage = await open_storage(sys.argv[1])
+    assert await storage.claim_log_sequencer()
+    print("held", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_on_sqlite_a_killed_holders_lock_is_freed_by_the_kernel(tmp_path):
+    url = f"sqlite:///{tmp_path}/one.db"
+    await (await open_storage(url)).close()  # the schema first, by one process
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLD_THE_LOCK, url, stdout=asyncio.subprocess.PIPE
+    )
+    storage = await open_storage(url)
+    try:
+        assert await asyncio.wait_for(holder.stdout.readline(), 30) == b"held\n"
+        assert not await storage.claim_log_sequencer()
+        holder.kill()
+        await holder.wait()
+        assert await claimed_within(storage, 5) < 5
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
         await storage.close()
 
 

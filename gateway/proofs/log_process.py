@@ -1,0 +1,141 @@
+"""The transparency log in a process of its own (`[proofs] log_process`, `gateway serve`).
+
+Integrating receipts is Python work on the event loop (public receipts, hashes, tiles:
+about 50 µs a receipt on the 2-core VM in its slow phase) that no request waits for. In a
+child process it runs on another core: paired at 32 connections, 1.09x and 1.23x req/s
+(bench/paired.py, both orders). The child is a second handle on the same storage and
+takes the log's sequencer lock (SQLite: a flock beside the database; PostgreSQL: the
+advisory lock) before `gateway serve` starts its own log, which then follows: it serves
+proofs, checkpoints and tiles from the stored log. If the child dies, the kernel frees
+its lock and the gateway's own log takes over within `FOLLOW_S` (it keeps trying), so a
+receipt is never left unlogged for long; the child is not restarted. The child reads the
+receipts it logs from storage (the gateway's own log takes them from memory).
+
+The child gets its settings on stdin (the storage URL may hold a password: never in its
+command line), says on stdout whether it holds the sequencer lock once its log has
+started and whenever that changes (the gateway reports it as its own: /healthz, the
+`gateway_log_sequencer` gauge), and stops on SIGTERM, which it also gets from the kernel
+if the gateway dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import orjson
+
+from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.children import LOG_PROCESS_ARG, child_command, die_with_parent
+
+log = logging.getLogger("gateway.proofs")
+
+READY_WAIT_S = 15.0
+STOP_GRACE_S = 10.0
+REPORT_EVERY_S = 0.25
+# The child's lines: whether its log holds the sequencer lock (the first one: it started).
+STATES = {b"sequencer\n": True, b"follower\n": False}
+
+
+class LogProcess:
+    """`gateway serve`'s side: start the child, stop it."""
+
+    def __init__(self, storage_url: str, signing_key_file: Path, origin: str, log_format: str):
+        self._settings = {
+            "storage_url": storage_url,
+            "signing_key_file": str(signing_key_file),
+            "origin": origin,
+            "log_format": log_format,
+        }
+        self.process: asyncio.subprocess.Process | None = None
+        self.sequencer = False  # as the child last said; False once it is gone
+        self._reports: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the child and wait until its log runs; a child that does not answer in
+        time is stopped, and the gateway's own log integrates."""
+        self.process = await asyncio.create_subprocess_exec(
+            *child_command(LOG_PROCESS_ARG),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            preexec_fn=die_with_parent,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(orjson.dumps(self._settings))
+        self.process.stdin.close()
+        try:
+            answer = await asyncio.wait_for(self.process.stdout.readline(), READY_WAIT_S)
+        except TimeoutError:
+            answer = b""
+        if answer not in STATES:
+            log.warning("the log process did not start; this process integrates the log")
+            await self.stop()
+            return
+        self.sequencer = STATES[answer]
+        self._reports = asyncio.create_task(self._read_reports(self.process.stdout))
+        log.info("log process started: pid %d runs the transparency log", self.process.pid)
+
+    async def _read_reports(self, lines: asyncio.StreamReader) -> None:
+        while answer := await lines.readline():
+            self.sequencer = STATES.get(answer, False)
+        self.sequencer = False  # the child is gone: its lock with it
+
+    async def stop(self) -> None:
+        await stop_tasks(self._reports)  # waits for it even when this caller is cancelled
+        self.sequencer = False
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with anyio.CancelScope(shield=True):
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _run(settings: dict[str, str]) -> None:
+    from model_gateway.gateway.proofs.log import TransparencyLog
+    from model_gateway.gateway.proofs.log_key import load_or_create_signing_key
+    from model_gateway.storage import open_storage
+
+    storage = await open_storage(settings["storage_url"])
+    try:
+        key = load_or_create_signing_key(Path(settings["signing_key_file"]))
+        transparency_log = TransparencyLog(storage, key, origin=settings["origin"])
+        stopping = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, stopping.set)
+        await transparency_log.start()
+        said = None
+        while not stopping.is_set():
+            if transparency_log.sequencer is not said:
+                said = transparency_log.sequencer
+                sys.stdout.buffer.write(b"sequencer\n" if said else b"follower\n")
+                sys.stdout.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), REPORT_EVERY_S)
+        await transparency_log.stop()
+    finally:
+        await storage.close()
+
+
+def run_child() -> None:
+    """The child: `python -m model_gateway.gateway.proofs.log_process`, settings on stdin."""
+    import uvloop
+
+    from model_gateway.gateway.logs import configure_logging
+
+    settings = orjson.loads(sys.stdin.buffer.read())
+    configure_logging("json" if settings["log_format"] == "json" else "text")
+    uvloop.run(_run(settings))
+
+
+if __name__ == "__main__":
+    run_child()

@@ -1,0 +1,106 @@
+"""`gateway serve` integrates the transparency log in a child process ([proofs]
+log_process, on by default): the child holds the sequencer lock, the gateway follows and
+serves proofs; if the child dies the gateway's own log takes over; at shutdown the child
+goes too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.gateway_process import GatewayProcess
+from tests.support.http import bearer, chat_body
+
+CHILD_MODULE = b"model_gateway.gateway.proofs.log_process"
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def log_children(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        try:
+            if CHILD_MODULE in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except FileNotFoundError:  # it exited meanwhile
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def serving(tmp_path):
+    with GatewayProcess(tmp_path) as gateway:
+        project = gateway.create_project("t", "--balance", "10")
+        gateway.key = gateway.create_key(project, "inference")
+        yield gateway
+
+
+def proven(gateway: GatewayProcess, http: httpx.Client) -> dict:
+    """A new chat's receipt, once the log has it (at most 15 s)."""
+    answer = http.post("/v1/chat/completions", json=chat_body(), headers=bearer(gateway.key))
+    assert answer.status_code == 200
+    receipt_id = answer.headers["x-receipt-id"]
+    deadline = time.monotonic() + 15
+    while (proof := http.get(f"/api/proofs/{receipt_id}")).status_code != 200:
+        assert time.monotonic() < deadline, f"never logged: {proof.status_code} {proof.text}"
+        time.sleep(0.1)
+    return proof.json()
+
+
+def sequencer_here(http: httpx.Client) -> bool:
+    return http.get("/healthz").json()["log"]["sequencer"]
+
+
+def test_the_child_logs_and_the_gateway_serves_the_proofs(serving):
+    [child] = log_children(serving.process.pid)
+    with httpx.Client(base_url=serving.url, timeout=10) as http:
+        first = proven(serving, http)
+        assert first["receipt"]["id"] and log_children(serving.process.pid) == [child]
+        assert sequencer_here(http)  # its child's lock counts as the gateway's
+        assert "gateway_log_sequencer 1.0" in http.get("/metrics").text
+    assert "this process integrates the log" not in serving.log()
+
+
+def test_when_the_child_dies_the_gateway_logs_on_its_own(serving):
+    [child] = log_children(serving.process.pid)
+    os.kill(child, signal.SIGKILL)
+    with httpx.Client(base_url=serving.url, timeout=10) as http:
+        proven(serving, http)
+        later = proven(serving, http)
+        assert sequencer_here(http)  # its own log now
+    assert later["tree_head"]["size"] >= 2 and not alive(child)
+    assert "this process integrates now" in serving.log()
+
+
+def test_the_child_stops_with_the_gateway(serving):
+    [child] = log_children(serving.process.pid)
+    os.kill(serving.process.pid, signal.SIGTERM)  # the gateway alone, not its process group
+    serving.process.wait(timeout=15)
+    deadline = time.monotonic() + 5
+    while alive(child):
+        assert time.monotonic() < deadline, "the log process outlived the gateway"
+        time.sleep(0.05)
+
+
+def test_with_log_process_off_the_gateway_logs_alone(tmp_path):
+    with GatewayProcess(tmp_path, extra_config="\n[proofs]\nlog_process = false\n") as gateway:
+        project = gateway.create_project("t", "--balance", "10")
+        gateway.key = gateway.create_key(project, "inference")
+        assert log_children(gateway.process.pid) == []
+        with httpx.Client(base_url=gateway.url, timeout=10) as http:
+            proven(gateway, http)
