@@ -2,8 +2,10 @@
 
 Integrating receipts is Python work on the event loop (public receipts, hashes, tiles:
 about 50 µs a receipt on the 2-core VM in its slow phase) that no request waits for. In a
-child process it runs on another core: paired at 32 connections, 1.09x and 1.23x req/s
-(bench/paired.py, both orders). The child is a second handle on the same storage and
+child process it runs on another core. Paired against `log_process = false`
+(bench/paired.py, chat, both orders): 1.07x and 1.14x req/s at 32 connections; at one
+connection 0.95x and 0.86x, the child's own reads of the receipts (it cannot take them
+from memory) competing for the 2 cores with the load generator and the mock. The child is a second handle on the same storage and
 takes the log's sequencer lock (SQLite: a flock beside the database; PostgreSQL: the
 advisory lock) before `gateway serve` starts its own log, which then follows: it serves
 proofs, checkpoints and tiles from the stored log. If the child dies, the kernel frees
