@@ -86,8 +86,7 @@ class CoreHandlers:
         states = self.gateway.providers.breakers.states()
         providers = {name: {"breaker": state} for name, state in states.items()}
         nodes = self.gateway.sandboxes.pool.states()
-        proofs = self.gateway.transparency_log
-        transparency_log = {"sequencer": self.gateway.log_sequencer, "size": proofs.size}
+        transparency_log = {"sequencer": self.gateway.log_sequencer, "size": self.gateway.log_size}
         return json_response(
             {
                 "status": "ok",

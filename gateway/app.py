@@ -117,7 +117,7 @@ class Gateway:
         )
         self.metrics.breakers(self.providers.breakers)
         self.metrics.sandbox_nodes(self.sandboxes.pool)
-        self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: proofs.size)
+        self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: self.log_size)
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",
             "Seconds since the log last held every settled receipt.",
@@ -135,6 +135,13 @@ class Gateway:
         assert self.transparency_log is not None
         in_child = self.log_process is not None and self.log_process.sequencer
         return self.transparency_log.sequencer or in_child
+
+    @property
+    def log_size(self) -> int:
+        """The log's size as last known here: from storage, or as the log process said."""
+        assert self.transparency_log is not None
+        in_child = 0 if self.log_process is None else self.log_process.size
+        return max(self.transparency_log.size, in_child)
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`

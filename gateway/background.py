@@ -1,4 +1,5 @@
-"""Stopping the gateway's background loops (the log, the sweepers, the housekeeping).
+"""Stopping the gateway's background loops (the log, the sweepers, the housekeeping), and
+its child processes.
 
 One `task.cancel()` is not always enough on Python 3.11: `asyncio.wait_for` returns its
 inner result, dropping the cancel, when the two arrive together (fixed in 3.12), and the
@@ -11,6 +12,8 @@ loop's own cleanup that awaits must shield itself (none of the loops stopped her
 from __future__ import annotations
 
 import asyncio
+
+import anyio
 
 RECANCEL_S = 0.1  # how long a cancelled task has to end before it is cancelled again
 
@@ -32,3 +35,17 @@ async def stop_tasks(*tasks: asyncio.Task | None) -> None:
             task.exception()
     if cancelled:
         raise asyncio.CancelledError
+
+
+async def stop_child(process: asyncio.subprocess.Process | None, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; returns once the process has exited (None,
+    or already exited: nothing to do). Shielded: a cancelled caller leaves no child."""
+    if process is None or process.returncode is not None:
+        return
+    with anyio.CancelScope(shield=True):
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -5,19 +5,21 @@ about 50 µs a receipt on the 2-core VM in its slow phase) that no request waits
 child process it runs on another core. Paired against `log_process = false`
 (bench/paired.py, chat, both orders): 1.07x and 1.14x req/s at 32 connections; at one
 connection 0.95x and 0.86x, the child's own reads of the receipts (it cannot take them
-from memory) competing for the 2 cores with the load generator and the mock. The child is a second handle on the same storage and
-takes the log's sequencer lock (SQLite: a flock beside the database; PostgreSQL: the
-advisory lock) before `gateway serve` starts its own log, which then follows: it serves
-proofs, checkpoints and tiles from the stored log. If the child dies, the kernel frees
-its lock and the gateway's own log takes over within `FOLLOW_S` (it keeps trying), so a
-receipt is never left unlogged for long; the child is not restarted. The child reads the
-receipts it logs from storage (the gateway's own log takes them from memory).
+from memory) competing for the 2 cores with the load generator and the mock.
+
+The child is a second handle on the same storage. It takes the log's sequencer lock
+(SQLite: a flock beside the database; PostgreSQL: the advisory lock) before `gateway
+serve` starts its own log, which then follows: it serves proofs, checkpoints and tiles
+from the stored log. If the child dies, the kernel frees its lock and the gateway's own
+log takes over within `FOLLOW_S` (it keeps trying), so a receipt is never left unlogged
+for long; the child is not restarted.
 
 The child gets its settings on stdin (the storage URL may hold a password: never in its
-command line), says on stdout whether it holds the sequencer lock once its log has
-started and whenever that changes (the gateway reports it as its own: /healthz, the
-`gateway_log_sequencer` gauge), and stops on SIGTERM, which it also gets from the kernel
-if the gateway dies (PR_SET_PDEATHSIG).
+command line), says on stdout whether it holds the sequencer lock and the size of its
+tree once its log has started and whenever they change (the gateway reports them as its
+own: /healthz, the `gateway_log_sequencer` and `gateway_log_size` gauges; its own log,
+following, learns the size only every second), and stops on SIGTERM, which it also gets
+from the kernel if the gateway dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ import signal
 import sys
 from pathlib import Path
 
-import anyio
 import orjson
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.background import stop_child, stop_tasks
 from model_gateway.gateway.children import LOG_PROCESS_ARG, child_command, die_with_parent
 
 log = logging.getLogger("gateway.proofs")
@@ -40,8 +41,6 @@ log = logging.getLogger("gateway.proofs")
 READY_WAIT_S = 15.0
 STOP_GRACE_S = 10.0
 REPORT_EVERY_S = 0.25
-# The child's lines: whether its log holds the sequencer lock (the first one: it started).
-STATES = {b"sequencer\n": True, b"follower\n": False}
 
 
 class LogProcess:
@@ -55,7 +54,9 @@ class LogProcess:
             "log_format": log_format,
         }
         self.process: asyncio.subprocess.Process | None = None
-        self.sequencer = False  # as the child last said; False once it is gone
+        # As the child last said (its first line: it started); sequencer False once it is gone.
+        self.sequencer = False
+        self.size = 0
         self._reports: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -74,32 +75,27 @@ class LogProcess:
             answer = await asyncio.wait_for(self.process.stdout.readline(), READY_WAIT_S)
         except TimeoutError:
             answer = b""
-        if answer not in STATES:
+        if not answer:
             log.warning("the log process did not start; this process integrates the log")
             await self.stop()
             return
-        self.sequencer = STATES[answer]
+        self._read(answer)
         self._reports = asyncio.create_task(self._read_reports(self.process.stdout))
         log.info("log process started: pid %d runs the transparency log", self.process.pid)
 
     async def _read_reports(self, lines: asyncio.StreamReader) -> None:
         while answer := await lines.readline():
-            self.sequencer = STATES.get(answer, False)
+            self._read(answer)
         self.sequencer = False  # the child is gone: its lock with it
+
+    def _read(self, line: bytes) -> None:
+        report = orjson.loads(line)
+        self.sequencer, self.size = report["sequencer"], report["size"]
 
     async def stop(self) -> None:
         await stop_tasks(self._reports)  # waits for it even when this caller is cancelled
         self.sequencer = False
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        with anyio.CancelScope(shield=True):
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_child(self.process, STOP_GRACE_S)
 
 
 async def _run(settings: dict[str, str]) -> None:
@@ -117,9 +113,10 @@ async def _run(settings: dict[str, str]) -> None:
         await transparency_log.start()
         said = None
         while not stopping.is_set():
-            if transparency_log.sequencer is not said:
-                said = transparency_log.sequencer
-                sys.stdout.buffer.write(b"sequencer\n" if said else b"follower\n")
+            state = {"sequencer": transparency_log.sequencer, "size": transparency_log.size}
+            if state != said:
+                said = state
+                sys.stdout.buffer.write(orjson.dumps(state) + b"\n")
                 sys.stdout.flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), REPORT_EVERY_S)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.background import stop_child, stop_tasks
 from model_gateway.gateway.children import SANDBOX_NODE_ARG, child_command, die_with_parent
 from model_gateway.gateway.config import ConfigError
 
@@ -114,15 +114,7 @@ class NodeSupervisor:
         self._stopping = True
         with anyio.CancelScope(shield=True):
             await stop_tasks(self._task)
-        process = self.process
-        if process is not None and process.returncode is None:
-            with anyio.CancelScope(shield=True):
-                process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
+        await stop_child(self.process, STOP_GRACE_S)
         if self._socket is not None:
             self._socket.close()
             self._socket = None
