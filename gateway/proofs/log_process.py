@@ -89,8 +89,11 @@ class LogProcess:
         self.sequencer = False  # the child is gone: its lock with it
 
     def _read(self, line: bytes) -> None:
-        report = orjson.loads(line)
-        self.sequencer, self.size = report["sequencer"], report["size"]
+        try:
+            report = orjson.loads(line)
+            self.sequencer, self.size = bool(report["sequencer"]), int(report["size"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("the log process printed something other than a report; ignored")
 
     async def stop(self) -> None:
         await stop_tasks(self._reports)  # waits for it even when this caller is cancelled

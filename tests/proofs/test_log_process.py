@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from model_gateway.gateway.proofs.log_process import LogProcess
 from tests.support.gateway_process import GatewayProcess
 from tests.support.http import bearer, chat_body
 
@@ -104,3 +105,12 @@ def test_with_log_process_off_the_gateway_logs_alone(tmp_path):
         assert log_children(gateway.process.pid) == []
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
             proven(gateway, http)
+
+
+def test_the_gateway_reads_only_the_childs_reports(tmp_path):
+    """A stray line on the child's stdout (a library printing) never stops the gateway."""
+    child = LogProcess("sqlite:///unused.db", tmp_path / "key", "origin", "text")
+    child._read(b"something else\n")
+    assert (child.sequencer, child.size) == (False, 0)
+    child._read(b'{"sequencer":true,"size":3}\n')
+    assert (child.sequencer, child.size) == (True, 3)
