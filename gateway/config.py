@@ -194,8 +194,9 @@ class ProofsConfig(_Section):
     # gateway.local/log without public_url (gateway.proofs.checkpoint.default_origin).
     origin: Annotated[str, msgspec.Meta(pattern=r"\A[^\s+]+\Z")] | None = None
     # `gateway serve` integrates the log in a child process, on another core
-    # (gateway/proofs/log_process.py); false: in its own event loop.
-    log_process: bool = True
+    # (gateway/proofs/log_process.py). Off by default: the child's ~35 MiB would take the
+    # idle footprint from 55 to 90 MiB, and it loses at one connection.
+    log_process: bool = False
 
 
 class SandboxNodeEntry(_Section):

@@ -1,7 +1,7 @@
-"""`gateway serve` integrates the transparency log in a child process ([proofs]
-log_process, on by default): the child holds the sequencer lock, the gateway follows and
-serves proofs; if the child dies the gateway's own log takes over; at shutdown the child
-goes too."""
+"""`gateway serve` integrates the transparency log in a child process with `[proofs]
+log_process = true`: the child holds the sequencer lock, the gateway follows and serves
+proofs; if the child dies the gateway's own log takes over; at shutdown the child goes
+too. Off (the default), there is no child."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def serving(tmp_path):
-    with GatewayProcess(tmp_path) as gateway:
+    with GatewayProcess(tmp_path, extra_config="\n[proofs]\nlog_process = true\n") as gateway:
         project = gateway.create_project("t", "--balance", "10")
         gateway.key = gateway.create_key(project, "inference")
         yield gateway
@@ -98,8 +98,8 @@ def test_the_child_stops_with_the_gateway(serving):
         time.sleep(0.05)
 
 
-def test_with_log_process_off_the_gateway_logs_alone(tmp_path):
-    with GatewayProcess(tmp_path, extra_config="\n[proofs]\nlog_process = false\n") as gateway:
+def test_by_default_the_gateway_logs_alone(tmp_path):
+    with GatewayProcess(tmp_path) as gateway:
         project = gateway.create_project("t", "--balance", "10")
         gateway.key = gateway.create_key(project, "inference")
         assert log_children(gateway.process.pid) == []
