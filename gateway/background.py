@@ -20,21 +20,22 @@ RECANCEL_S = 0.1  # how long a cancelled task has to end before it is cancelled 
 
 async def stop_tasks(*tasks: asyncio.Task | None) -> None:
     """Cancel the tasks (None: not started) and return once every one has ended, whatever
-    they raised. A caller cancelled meanwhile still waits for them, then is cancelled."""
+    they raised. A caller cancelled meanwhile still waits for them, then is cancelled (by
+    the same exception: an anyio scope knows its own)."""
     running = [task for task in tasks if task is not None]
-    cancelled = False
+    cancelled: asyncio.CancelledError | None = None
     while pending := [task for task in running if not task.done()]:
         for task in pending:
             task.cancel()
         try:
             await asyncio.wait(pending, timeout=RECANCEL_S)
-        except asyncio.CancelledError:
-            cancelled = True
+        except asyncio.CancelledError as cancel:
+            cancelled = cancel
     for task in running:  # their outcomes, retrieved: nothing is reported as never seen
         if not task.cancelled():
             task.exception()
-    if cancelled:
-        raise asyncio.CancelledError
+    if cancelled is not None:
+        raise cancelled
 
 
 async def stop_child(process: asyncio.subprocess.Process | None, grace_s: float) -> None:

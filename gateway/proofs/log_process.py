@@ -97,9 +97,11 @@ class LogProcess:
             log.warning("the log process printed something other than a report; ignored")
 
     async def stop(self) -> None:
-        await stop_tasks(self._reports)  # waits for it even when this caller is cancelled
-        self.sequencer = False
+        # The child first: a cancel of this caller, raised once the reader has ended, must
+        # not leave the child running. Its exit ends the reader too.
         await stop_child(self.process, STOP_GRACE_S)
+        await stop_tasks(self._reports)
+        self.sequencer = False
 
 
 async def _run(settings: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -114,3 +115,14 @@ def test_the_gateway_reads_only_the_childs_reports(tmp_path):
     assert (child.sequencer, child.size) == (False, 0)
     child._read(b'{"sequencer":true,"size":3}\n')
     assert (child.sequencer, child.size) == (True, 3)
+
+
+async def test_a_stop_cancelled_by_an_anyio_scope_still_ends_the_child(tmp_path):
+    url = f"sqlite:///{tmp_path}/gateway.db"
+    child = LogProcess(url, tmp_path / "signing-key", "gateway.local/log", "text")
+    await child.start()
+    assert child.sequencer and alive(child.process.pid)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await child.stop()
+    assert child.process.returncode is not None and not child.sequencer
