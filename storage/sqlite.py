@@ -435,12 +435,20 @@ class SQLiteStorage(Storage):
         return await self._writer.execute(sql, params)
 
     async def _fetchall(self, sql: str, params: tuple[object, ...] = ()) -> list[sqlite3.Row]:
-        async with self._conn.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+        """Every row of a read, stepped to its end in one call on the connection's thread.
+        A read left open across awaits would hold its snapshot, and a read of another
+        coroutine started meanwhile would share it: a write committed in between would be
+        missed. A read also waits out a transaction open on the shared connection, so it
+        never sees what that transaction has not committed."""
+        if self._write_lock.locked():
+            async with self._write_lock:
+                return list(await self._conn.execute_fetchall(sql, params))
+        return list(await self._conn.execute_fetchall(sql, params))
 
     async def _fetchone(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Row | None:
-        async with self._conn.execute(sql, params) as cursor:
-            return await cursor.fetchone()
+        """The one row of a read by a unique key or an aggregate (never the first of many)."""
+        rows = await self._fetchall(sql, params)
+        return rows[0] if rows else None
 
     async def _one(
         self, record: Callable[[sqlite3.Row], R], sql: str, params: tuple[object, ...] = ()

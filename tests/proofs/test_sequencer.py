@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
@@ -227,10 +229,10 @@ def as_json(doc) -> dict:
     return msgspec.json.decode(msgspec.json.encode(doc))
 
 
-@pytest.fixture
-async def two_logs(fresh_postgres_url):
+@asynccontextmanager
+async def logs_on(url: str) -> AsyncIterator[list[TransparencyLog]]:
     """Two processes' logs on one database, started in turn, looping fast."""
-    handles = [await open_storage(fresh_postgres_url) for _ in range(2)]
+    handles = [await open_storage(url) for _ in range(2)]
     logs = [TransparencyLog(h, KEY, interval_s=0.02, follow_s=0.05) for h in handles]
     for log in logs:
         await log.start()
@@ -238,6 +240,12 @@ async def two_logs(fresh_postgres_url):
     for log, handle in zip(logs, handles, strict=True):
         await log.stop()
         await handle.close()
+
+
+@pytest.fixture
+async def two_logs(fresh_storage_url):
+    async with logs_on(fresh_storage_url) as logs:
+        yield logs
 
 
 async def proven(log: TransparencyLog, receipt_id: str) -> dict:
@@ -268,7 +276,6 @@ async def assert_one_tree(storage, log: TransparencyLog) -> None:
         )
 
 
-@pytest.mark.postgres
 async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(two_logs, settle_on):
     sequencer, follower = two_logs
     assert sequencer.sequencer and not follower.sequencer
@@ -311,43 +318,42 @@ async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(two_
 
 
 @pytest.mark.postgres
-async def test_a_stale_sequencer_loses_its_append_and_steps_down(
-    two_logs, settle_on, fresh_postgres_url
-):
-    stale, successor = two_logs
-    for log in two_logs:
-        log._task.cancel()  # each step by hand
-    settle = await settle_on(stale.storage)
-    first = await settle()
-    assert await stale.integrate() == 1
-    second = await settle()
-    append = stale.storage.append_log_tiles
+async def test_a_stale_sequencer_loses_its_append_and_steps_down(settle_on, fresh_postgres_url):
+    async with logs_on(fresh_postgres_url) as two_logs:
+        stale, successor = two_logs
+        for log in two_logs:
+            log._task.cancel()  # each step by hand
+        settle = await settle_on(stale.storage)
+        first = await settle()
+        assert await stale.integrate() == 1
+        second = await settle()
+        append = stale.storage.append_log_tiles
 
-    async def paused_before_append(*args):
-        # The stale sequencer stops right before its append. The server ends its silent
-        # session, the successor takes the lock and integrates the same receipt first.
-        [holder] = await lock_holders(fresh_postgres_url)
-        await end_session(fresh_postgres_url, holder)
-        deadline = time.monotonic() + 5
-        while not await successor._claim():
-            assert time.monotonic() < deadline, "no takeover"
-            await asyncio.sleep(0.02)
-        assert successor.size == 1  # the right edge reloaded from the stored tiles
+        async def paused_before_append(*args):
+            # The stale sequencer stops right before its append. The server ends its silent
+            # session, the successor takes the lock and integrates the same receipt first.
+            [holder] = await lock_holders(fresh_postgres_url)
+            await end_session(fresh_postgres_url, holder)
+            deadline = time.monotonic() + 5
+            while not await successor._claim():
+                assert time.monotonic() < deadline, "no takeover"
+                await asyncio.sleep(0.02)
+            assert successor.size == 1  # the right edge reloaded from the stored tiles
+            assert await successor.integrate() == 1
+            return await append(*args)  # then the stale one wakes up: its append from size 1
+
+        stale.storage.append_log_tiles = paused_before_append
+        with pytest.raises(StateConflict):
+            await stale.integrate()
+        stale.storage.append_log_tiles = append
+        assert stale.size == 2  # it reloaded the stored tree
+        assert not await stale._claim() and not stale.sequencer  # and steps down
+        third = await settle()
         assert await successor.integrate() == 1
-        return await append(*args)  # then the stale one wakes up: its append from size 1
-
-    stale.storage.append_log_tiles = paused_before_append
-    with pytest.raises(StateConflict):
-        await stale.integrate()
-    stale.storage.append_log_tiles = append
-    assert stale.size == 2  # it reloaded the stored tree
-    assert not await stale._claim() and not stale.sequencer  # and steps down
-    third = await settle()
-    assert await successor.integrate() == 1
-    storage = successor.storage
-    indexes = [await storage.log_entry_index(r.id) for r in (first, second, third)]
-    assert indexes == [0, 1, 2]
-    assert [(await storage.tree_head(n)).size for n in (1, 2, 3)] == [1, 2, 3]
-    for log in two_logs:
-        assert verify_proof_document(as_json(await log.proof(third.id)), KEY.public_key).ok
-    await assert_one_tree(storage, successor)
+        storage = successor.storage
+        indexes = [await storage.log_entry_index(r.id) for r in (first, second, third)]
+        assert indexes == [0, 1, 2]
+        assert [(await storage.tree_head(n)).size for n in (1, 2, 3)] == [1, 2, 3]
+        for log in two_logs:
+            assert verify_proof_document(as_json(await log.proof(third.id)), KEY.public_key).ok
+        await assert_one_tree(storage, successor)
