@@ -33,7 +33,7 @@ from model_gateway.gateway.secretfile import load_or_create_secret
 from model_gateway.gateway.summary import startup_summary
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
-from model_gateway.storage import Storage, open_storage
+from model_gateway.storage import ReceiptRecord, Storage, open_storage
 
 log = logging.getLogger("gateway")
 
@@ -95,7 +95,7 @@ class Gateway:
             owner=owner,
             lease_s=lease_s,
             instance=self.instance,
-            on_settled=self.transparency_log.offer,
+            on_settled=self._offer_to_the_log,
         )
         await self.meter.start()
         if self.log_process is not None:
@@ -108,6 +108,13 @@ class Gateway:
         await self.agents.start()  # fails the runs of a dead process; then sweeps
         for line in startup_summary(self.config):
             log.info("%s", line)
+
+    def _offer_to_the_log(self, record: ReceiptRecord) -> None:
+        """A settled receipt, to whichever log integrates here: its own, or the child's."""
+        assert self.transparency_log is not None
+        self.transparency_log.offer(record)
+        if self.log_process is not None:
+            self.log_process.offer(record)
 
     def _register_gauges(self) -> None:
         meter, proofs = self.meter, self.transparency_log
@@ -128,6 +135,12 @@ class Gateway:
             "1 on the one instance that integrates and signs the log, 0 on the others.",
             lambda: float(self.log_sequencer),
         )
+        self.metrics.gauge(
+            "gateway_log_read_back",
+            "Receipts the log read back whole from storage since start: settled by another"
+            " instance or before a restart, or not handed over from memory.",
+            lambda: self.log_read_back,
+        )
 
     @property
     def log_sequencer(self) -> bool:
@@ -142,6 +155,13 @@ class Gateway:
         assert self.transparency_log is not None
         in_child = 0 if self.log_process is None else self.log_process.size
         return max(self.transparency_log.size, in_child)
+
+    @property
+    def log_read_back(self) -> int:
+        """Receipts read back from storage by the log here and by its log process."""
+        assert self.transparency_log is not None
+        in_child = 0 if self.log_process is None else self.log_process.read_back
+        return self.transparency_log.read_back + in_child
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`

@@ -393,9 +393,10 @@ class Storage(abc.ABC):
         """Receipts in neither log_leaves nor log_entries, oldest first (settlement order)."""
 
     @abc.abstractmethod
-    async def unlogged_receipt_ids(self, limit: int) -> list[str]:
-        """The ids of `unlogged_receipts(limit)`, without reading the receipts: the log
-        builds its leaves from the receipts its own process settled, when it has them."""
+    async def unlogged_receipt_ids(self, limit: int) -> list[tuple[str, int]]:
+        """The ids of `unlogged_receipts(limit)` and when each was issued (`created_at`),
+        without reading the receipts: the log builds its leaves from the receipts its own
+        process settled, when it has them."""
 
     @abc.abstractmethod
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:

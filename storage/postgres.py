@@ -912,10 +912,11 @@ class PostgresStorage(Storage):
             limit,
         )
 
-    async def unlogged_receipt_ids(self, limit: int) -> list[str]:
+    async def unlogged_receipt_ids(self, limit: int) -> list[tuple[str, int]]:
         return await self._all(
-            itemgetter("receipt_id"),
-            "SELECT receipt_id FROM log_pending ORDER BY seq LIMIT $1",
+            lambda row: (row["receipt_id"], row["created_at"]),
+            "SELECT q.receipt_id, r.created_at FROM log_pending q"
+            " JOIN receipts r ON r.id = q.receipt_id ORDER BY q.seq LIMIT $1",
             limit,
         )
 

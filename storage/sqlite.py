@@ -796,10 +796,12 @@ class SQLiteStorage(Storage):
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
         return [_receipt(row) for row in await self._unlogged("v.*", limit)]
 
-    async def unlogged_receipt_ids(self, limit: int) -> list[str]:
-        return [row[0] for row in await self._unlogged("v.id", limit)]
+    async def unlogged_receipt_ids(self, limit: int) -> list[tuple[str, int]]:
+        return [(row[0], row[1]) for row in await self._unlogged("v.id, v.created_at", limit)]
 
-    async def _unlogged(self, columns: Literal["v.*", "v.id"], limit: int) -> list[sqlite3.Row]:
+    async def _unlogged(
+        self, columns: Literal["v.*", "v.id, v.created_at"], limit: int
+    ) -> list[sqlite3.Row]:
         # Leaves follow receipts' issue order, so the search starts after the last logged
         # one (with tiles, else before them) instead of scanning every receipt ever issued.
         last_leaf = await self._fetchone(

@@ -30,6 +30,7 @@ and no gap can ever be stored, whoever writes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -146,6 +147,7 @@ class TransparencyLog:
         interval_s: float = INTERVAL_S,
         follow_s: float = FOLLOW_S,
         batch: int = BATCH,
+        offer_wait_s: float = 0.0,
     ) -> None:
         self.storage = storage
         self.key = key
@@ -153,6 +155,10 @@ class TransparencyLog:
         self.interval_s = interval_s
         self.follow_s = follow_s
         self.batch = batch
+        # How long a receipt that was not offered waits before it is read back: 0 where
+        # offers come with the commit (this process's meter), more where they come after
+        # it (the log process, fed over a pipe).
+        self.offer_wait_s = offer_wait_s
         self.sequencer = False  # whether this process integrates (holds the storage's lock)
         self._edge = TileEdge()  # the right edge of the tree at self._head
         self._head: TreeHeadRecord | None = None  # the latest head known to be stored
@@ -162,12 +168,25 @@ class TransparencyLog:
         self._skipped: set[str] = set()  # receipts that cannot be made public (logged once)
         self._bundles: OrderedDict[int, list[bytes]] = OrderedDict()  # full bundles, LRU
         self._settled: OrderedDict[str, ReceiptRecord] = OrderedDict()  # see offer()
-        self._caught_up_at = time.monotonic()  # when the log last held every settled receipt
+        # When the receipt that waited longest for the log at its last look was issued, or
+        # that look's time when none waited (wall-clock seconds): see integration_lag_s.
+        self._waiting_since = time.time()
+        # Receipts integrated from a whole read of storage rather than from offer(): settled
+        # by another process or before this one started (or, in the log process, not fed).
+        self.read_back = 0
 
     @property
     def integration_lag_s(self) -> float:
-        """Seconds since the log last held every settled receipt (0 while it keeps up)."""
-        return time.monotonic() - self._caught_up_at
+        """How long the oldest receipt the log has not taken yet has waited, as of the log's
+        last look; with none waiting, how long since that look. A log that keeps up shows
+        about its interval, under any load; a log that stopped looking shows a growing lag."""
+        return max(0.0, time.time() - self._waiting_since)
+
+    def _looked(self, waiting: list[tuple[str, int]], taken: int) -> None:
+        """A look found `waiting` (ids and issue times, oldest first); the first `taken` of
+        them go into the log now."""
+        now = time.time()
+        self._waiting_since = min(now, waiting[taken][1] / 1e6) if taken < len(waiting) else now
 
     @property
     def size(self) -> int:
@@ -234,28 +253,31 @@ class TransparencyLog:
     async def _follow(self) -> None:
         """Keep up with the sequencer: its latest head, and whether it has every receipt."""
         await self.latest()
-        if not await self.storage.unlogged_receipt_ids(1):
-            self._caught_up_at = time.monotonic()
+        self._looked(await self.storage.unlogged_receipt_ids(1), 0)
 
     async def _next_batch(self) -> list[ReceiptRecord]:
-        """The next unlogged receipts, in issue order: the ones this process offered when
-        it holds them all, else read whole from storage (settled by another process, or
-        before this one started)."""
+        """The next unlogged receipts, in issue order: the first ones as far as they were
+        offered (the rest wait for a later batch: they may be on their way, as they are to
+        the log process), else read whole from storage (settled by another process, or
+        before this one started) once the first has waited `offer_wait_s`."""
         limit = self.batch + len(self._skipped)
-        ids = await self.storage.unlogged_receipt_ids(limit)
-        ids = [i for i in ids if i not in self._skipped][: self.batch]
-        offered = [self._settled[i] for i in ids if i in self._settled]
-        if len(offered) == len(ids):
-            return offered
+        waiting = await self.storage.unlogged_receipt_ids(limit)
+        waiting = [w for w in waiting if w[0] not in self._skipped][: self.batch]
+        offered = list(itertools.takewhile(lambda w: w[0] in self._settled, waiting))
+        if offered or not waiting or time.time() - waiting[0][1] / 1e6 < self.offer_wait_s:
+            self._looked(waiting, len(offered))
+            return [self._settled[receipt_id] for receipt_id, _ in offered]
         records = await self.storage.unlogged_receipts(limit)
-        return [r for r in records if r.id not in self._skipped][: self.batch]
+        records = [r for r in records if r.id not in self._skipped][: self.batch]
+        self._looked(waiting, len(records))
+        self.read_back += len(records)
+        return records
 
     async def integrate(self) -> int:
         """Append one batch of unlogged receipts; return how many were taken."""
         async with self._lock:
             records = await self._next_batch()
             if not records:
-                self._caught_up_at = time.monotonic()
                 return 0
             await self._catch_up()
             entries, hashes = [], []

@@ -2,11 +2,8 @@
 
 Integrating receipts is Python work on the event loop (public receipts, hashes, tiles:
 about 50 µs a receipt on the 2-core VM in its slow phase) that no request waits for. In a
-child process it runs on another core. Paired against `log_process = false`
-(bench/paired.py, chat, both orders): 1.07x and 1.14x req/s at 32 connections; at one
-connection 0.95x and 0.86x, the child's own reads of the receipts (it cannot take them
-from memory) competing for the 2 cores with the load generator and the mock. The child
-holds about 35 MiB of its own: off by default.
+child process it runs on another core. The child holds about 35 MiB of its own: off by
+default (the README's Speed section has the measurements).
 
 The child is a second handle on the same storage. It takes the log's sequencer lock
 (SQLite: a flock beside the database; PostgreSQL: the advisory lock) before `gateway
@@ -15,12 +12,16 @@ from the stored log. If the child dies, the kernel frees its lock and the gatewa
 log takes over within `FOLLOW_S` (it keeps trying), so a receipt is never left unlogged
 for long; the child is not restarted.
 
-The child gets its settings on stdin (the storage URL may hold a password: never in its
-command line), says on stdout whether it holds the sequencer lock and the size of its
-tree once its log has started and whenever they change (the gateway reports them as its
-own: /healthz, the `gateway_log_sequencer` and `gateway_log_size` gauges; its own log,
-following, learns the size only every second), and stops on SIGTERM, which it also gets
-from the kernel if the gateway dies (PR_SET_PDEATHSIG).
+The child reads its stdin: first its settings (the storage URL may hold a password: never
+in its command line), then the receipts the gateway settles, as JSON lines sent once
+committed, a write every `FEED_EVERY_S`. The log takes them from memory as the gateway's
+own log does (only their ids and order come from storage); a receipt that is not fed
+(the pipe full, a line it cannot read) is read back from storage, as one settled by
+another instance is. It says on stdout whether it holds the sequencer lock, the size of
+its tree and how many receipts it read back, once its log has started and whenever they
+change (the gateway reports them as its own: /healthz and the `gateway_log_*` gauges; its
+own log, following, learns the size only every second), and stops on SIGTERM, which it
+also gets from the kernel if the gateway dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -31,17 +32,30 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import msgspec
 import orjson
 
 from model_gateway.gateway.background import stop_child, stop_tasks
 from model_gateway.gateway.children import LOG_PROCESS_ARG, child_command, die_with_parent
+from model_gateway.storage import ReceiptRecord
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.proofs.log import TransparencyLog
 
 log = logging.getLogger("gateway.proofs")
 
 READY_WAIT_S = 15.0
 STOP_GRACE_S = 10.0
 REPORT_EVERY_S = 0.25
+FEED_EVERY_S = 0.01  # settled receipts go to the child in one write this often
+# Bytes the pipe's transport may hold for a slow child; beyond that, receipts are not fed
+# (the child reads them back from storage) rather than held in memory here.
+FEED_BUFFER_LIMIT = 4 * 1024 * 1024
+LINE_LIMIT = 1024 * 1024  # a receipt line is about 1 KB
+# A receipt the child was not fed within this long of its issue is read back from storage.
+FED_WITHIN_S = 0.1
 
 
 class LogProcess:
@@ -58,7 +72,11 @@ class LogProcess:
         # As the child last said (its first line: it started); sequencer False once it is gone.
         self.sequencer = False
         self.size = 0
+        self.read_back = 0
         self._reports: asyncio.Task[None] | None = None
+        self._fed: list[bytes] = []  # encoded receipts waiting for the next write
+        self._feed_due: asyncio.TimerHandle | None = None
+        self._encode = msgspec.json.Encoder().encode
 
     async def start(self) -> None:
         """Start the child and wait until its log runs; a child that does not answer in
@@ -70,8 +88,7 @@ class LogProcess:
             preexec_fn=die_with_parent,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(orjson.dumps(self._settings))
-        self.process.stdin.close()
+        self.process.stdin.write(orjson.dumps(self._settings) + b"\n")
         try:
             answer = await asyncio.wait_for(self.process.stdout.readline(), READY_WAIT_S)
         except TimeoutError:
@@ -92,19 +109,44 @@ class LogProcess:
     def _read(self, line: bytes) -> None:
         try:
             report = orjson.loads(line)
-            self.sequencer, self.size = bool(report["sequencer"]), int(report["size"])
+            sequencer, size, read_back = report["sequencer"], report["size"], report["read_back"]
+            self.sequencer, self.size, self.read_back = bool(sequencer), int(size), int(read_back)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("the log process printed something other than a report; ignored")
 
+    def offer(self, record: ReceiptRecord) -> None:
+        """A receipt this process has just settled (committed): fed to the child while it
+        integrates, so that it need not read the receipt back."""
+        if self.sequencer:
+            self._fed.append(self._encode(record))
+            if self._feed_due is None:
+                loop = asyncio.get_running_loop()
+                self._feed_due = loop.call_later(FEED_EVERY_S, self._feed)
+
+    def _feed(self) -> None:
+        self._feed_due = None
+        lines, self._fed = self._fed, []
+        pipe = None if self.process is None else self.process.stdin
+        if pipe is None or pipe.is_closing():
+            return
+        if pipe.transport.get_write_buffer_size() > FEED_BUFFER_LIMIT:
+            return  # a child that cannot keep up reads these back
+        pipe.write(b"\n".join(lines) + b"\n")
+
     async def stop(self) -> None:
+        if self._feed_due is not None:
+            self._feed_due.cancel()
+            self._feed_due = None
         # The child first: a cancel of this caller, raised once the reader has ended, must
         # not leave the child running. Its exit ends the reader too.
         await stop_child(self.process, STOP_GRACE_S)
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
         await stop_tasks(self._reports)
         self.sequencer = False
 
 
-async def _run(settings: dict[str, str]) -> None:
+async def _run(settings: dict[str, str], stdin: asyncio.StreamReader) -> None:
     from model_gateway.gateway.proofs.log import TransparencyLog
     from model_gateway.gateway.proofs.log_key import load_or_create_signing_key
     from model_gateway.storage import open_storage
@@ -112,34 +154,63 @@ async def _run(settings: dict[str, str]) -> None:
     storage = await open_storage(settings["storage_url"])
     try:
         key = load_or_create_signing_key(Path(settings["signing_key_file"]))
-        transparency_log = TransparencyLog(storage, key, origin=settings["origin"])
+        transparency_log = TransparencyLog(
+            storage, key, origin=settings["origin"], offer_wait_s=FED_WITHIN_S
+        )
         stopping = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(signum, stopping.set)
         await transparency_log.start()
+        feed = asyncio.create_task(_take_fed(stdin, transparency_log))
         said = None
         while not stopping.is_set():
-            state = {"sequencer": transparency_log.sequencer, "size": transparency_log.size}
+            state = {
+                "sequencer": transparency_log.sequencer,
+                "size": transparency_log.size,
+                "read_back": transparency_log.read_back,
+            }
             if state != said:
                 said = state
                 sys.stdout.buffer.write(orjson.dumps(state) + b"\n")
                 sys.stdout.flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), REPORT_EVERY_S)
+        await stop_tasks(feed)
         await transparency_log.stop()
     finally:
         await storage.close()
+
+
+async def _take_fed(stdin: asyncio.StreamReader, transparency_log: TransparencyLog) -> None:
+    """The receipts the gateway feeds, offered to the log until the gateway closes the pipe.
+    A line that is not a receipt is skipped: that receipt is read back from storage."""
+    decode = msgspec.json.Decoder(ReceiptRecord).decode
+    while True:
+        try:
+            line = await stdin.readline()
+            if not line:
+                return
+            transparency_log.offer(decode(line))
+        except (msgspec.DecodeError, ValueError):  # ValueError: a line over LINE_LIMIT
+            log.warning("the log process got a line that is not a receipt; ignored")
+
+
+async def _main() -> None:
+    from model_gateway.gateway.logs import configure_logging
+
+    stdin = asyncio.StreamReader(limit=LINE_LIMIT)
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    settings = orjson.loads(await stdin.readline())
+    configure_logging("json" if settings["log_format"] == "json" else "text")
+    await _run(settings, stdin)
 
 
 def run_child() -> None:
     """The child: `python -m model_gateway.gateway.proofs.log_process`, settings on stdin."""
     import uvloop
 
-    from model_gateway.gateway.logs import configure_logging
-
-    settings = orjson.loads(sys.stdin.buffer.read())
-    configure_logging("json" if settings["log_format"] == "json" else "text")
-    uvloop.run(_run(settings))
+    uvloop.run(_main())
 
 
 if __name__ == "__main__":

@@ -108,7 +108,10 @@ async def test_offered_and_stored_receipts_are_logged_in_issue_order_and_verify(
     log._task.cancel()
     charge = await offering_meter(storage, log)
     ids = [await charge(), await charge(), (await settle()).id, await charge()]
-    assert await log.integrate() == 4
+    assert await log.integrate() == 2  # the offered ones ahead of the first that was not
+    assert log.read_back == 0
+    assert await log.integrate() == 2  # from there, read back whole
+    assert log.read_back == 2
     assert await storage.log_entry_receipts(0, 4) == [
         (i, await storage.get_receipt(receipt_id)) for i, receipt_id in enumerate(ids)
     ]
@@ -117,6 +120,39 @@ async def test_offered_and_stored_receipts_are_logged_in_issue_order_and_verify(
         assert result.ok, result.reasons
     assert await log.integrate() == 0
     await log.stop()
+
+
+async def test_a_fed_log_waits_for_an_offer_before_it_reads_a_receipt_back(storage, settle):
+    """The log process gets its receipts over a pipe, after their commit: one not offered
+    yet is not read back until it has waited `offer_wait_s`."""
+    log = TransparencyLog(storage, KEY, offer_wait_s=30)
+    await log.start()
+    log._task.cancel()
+    first, second = await settle(), await settle()
+    assert await log.integrate() == 0  # not offered yet, and young: wait
+    log.offer(first)
+    assert await log.integrate() == 1 and log.read_back == 0
+    log.offer_wait_s = 0  # as if the second had waited its time: read back
+    assert await log.integrate() == 1 and log.read_back == 1
+    assert [r.id for _, r in await storage.log_entry_receipts(0, 2)] == [first.id, second.id]
+
+
+async def test_the_integration_lag_stays_small_while_receipts_keep_coming(storage):
+    """The lag is the oldest waiting receipt's wait: under unbroken settlements a log that
+    keeps up shows about its interval, never the time since it last found none waiting."""
+    log = TransparencyLog(storage, KEY, interval_s=0.02)
+    charge = await offering_meter(storage, log)
+    await log.start()
+    lags = []
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        await charge()  # a receipt every few ms: never a look that finds none
+        lags.append(log.integration_lag_s)
+        await asyncio.sleep(0.005)
+    await log.stop()
+    assert log.size > 50
+    assert max(lags[len(lags) // 2 :]) < 0.5, max(lags)
+
 
 
 async def test_a_row_altered_between_settlement_and_logging_is_caught(storage, tmp_path):

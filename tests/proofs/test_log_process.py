@@ -78,6 +78,22 @@ def test_the_child_logs_and_the_gateway_serves_the_proofs(serving):
     assert "this process integrates the log" not in serving.log()
 
 
+def test_the_child_is_fed_the_receipts_and_reads_none_back(serving):
+    """The gateway hands each committed receipt to the child over its stdin, as it does to
+    its own log: the child takes only their ids and order from storage."""
+    with httpx.Client(base_url=serving.url, timeout=10) as http:
+        for _ in range(5):
+            proven(serving, http)
+        gauges = dict(
+            line.split(" ")
+            for line in http.get("/metrics").text.splitlines()
+            if line.startswith("gateway_log_")
+        )
+    assert float(gauges["gateway_log_size"]) >= 5
+    assert float(gauges["gateway_log_read_back"]) == 0
+    assert float(gauges["gateway_log_integration_lag_seconds"]) < 5
+
+
 def test_when_the_child_dies_the_gateway_logs_on_its_own(serving):
     [child] = log_children(serving.process.pid)
     os.kill(child, signal.SIGKILL)
@@ -113,7 +129,7 @@ def test_the_gateway_reads_only_the_childs_reports(tmp_path):
     child = LogProcess("sqlite:///unused.db", tmp_path / "key", "origin", "text")
     child._read(b"something else\n")
     assert (child.sequencer, child.size) == (False, 0)
-    child._read(b'{"sequencer":true,"size":3}\n')
+    child._read(b'{"sequencer":true,"size":3,"read_back":0}\n')
     assert (child.sequencer, child.size) == (True, 3)
 
 

@@ -106,15 +106,15 @@ async def test_settled_receipts_wait_for_the_log_in_issue_order(storage):
     receipts = await issue(storage, 5)
     assert await storage.unlogged_receipts(10) == receipts
     assert await storage.unlogged_receipts(2) == receipts[:2]
-    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts]
-    assert await storage.unlogged_receipt_ids(2) == [r.id for r in receipts[:2]]
+    assert await storage.unlogged_receipt_ids(10) == [(r.id, r.created_at) for r in receipts]
+    assert await storage.unlogged_receipt_ids(2) == [(r.id, r.created_at) for r in receipts[:2]]
 
 
 async def test_the_queue_keeps_issue_order_whatever_the_ids(storage):
     receipts = await issue(storage, 4, descending_ids=True)
     assert [r.id for r in receipts] == sorted((r.id for r in receipts), reverse=True)
-    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts]
-    assert await storage.unlogged_receipt_ids(3) == [r.id for r in receipts[:3]]
+    assert await storage.unlogged_receipt_ids(10) == [(r.id, r.created_at) for r in receipts]
+    assert await storage.unlogged_receipt_ids(3) == [(r.id, r.created_at) for r in receipts[:3]]
     assert await storage.unlogged_receipts(10) == receipts
 
 
@@ -122,7 +122,7 @@ async def test_appended_entries_tiles_and_heads_read_back_and_leave_the_queue(st
     receipts = await issue(storage, 5)
     await storage.append_log_tiles(entries(0, receipts[:3]), [tile(0, 0, hashes(3))], head(3))
     assert await storage.unlogged_receipts(10) == receipts[3:]
-    assert await storage.unlogged_receipt_ids(10) == [r.id for r in receipts[3:]]
+    assert await storage.unlogged_receipt_ids(10) == [(r.id, r.created_at) for r in receipts[3:]]
     await storage.append_log_tiles(
         entries(3, receipts[3:]), [tile(0, 0, hashes(5)), tile(1, 0, hashes(1, 9))], head(5)
     )
