@@ -154,7 +154,6 @@ async def test_the_integration_lag_stays_small_while_receipts_keep_coming(storag
     assert max(lags[len(lags) // 2 :]) < 0.5, max(lags)
 
 
-
 async def test_a_row_altered_between_settlement_and_logging_is_caught(storage, tmp_path):
     """The leaf is what was settled, not what the row says later: an UPDATE before the log
     took the receipt makes its proof fail, as it does after."""
