@@ -127,7 +127,7 @@ class Gateway:
         self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: self.log_size)
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",
-            "Seconds since the log last held every settled receipt.",
+            "Seconds the oldest receipt not yet logged has waited, as of the log's last look.",
             lambda: proofs.integration_lag_s,
         )
         self.metrics.gauge(

@@ -171,22 +171,25 @@ class TransparencyLog:
         # When the receipt that waited longest for the log at its last look was issued, or
         # that look's time when none waited (wall-clock seconds): see integration_lag_s.
         self._waiting_since = time.time()
+        # The first receipt not offered, and when it was first found so (monotonic): an
+        # offer of it may still come for `offer_wait_s`.
+        self._unoffered: tuple[str, float] | None = None
         # Receipts integrated from a whole read of storage rather than from offer(): settled
         # by another process or before this one started (or, in the log process, not fed).
         self.read_back = 0
 
     @property
     def integration_lag_s(self) -> float:
-        """How long the oldest receipt the log has not taken yet has waited, as of the log's
-        last look; with none waiting, how long since that look. A log that keeps up shows
-        about its interval, under any load; a log that stopped looking shows a growing lag."""
+        """How long the oldest receipt not yet logged, as found at the log's last look (once
+        the batch it took was stored), has been waiting; with none found, the time since that
+        look. A log that keeps up shows about its interval under any load; one that falls
+        behind, cannot store its batches or stopped looking shows a growing lag."""
         return max(0.0, time.time() - self._waiting_since)
 
-    def _looked(self, waiting: list[tuple[str, int]], taken: int) -> None:
-        """A look found `waiting` (ids and issue times, oldest first); the first `taken` of
-        them go into the log now."""
-        now = time.time()
-        self._waiting_since = min(now, waiting[taken][1] / 1e6) if taken < len(waiting) else now
+    def _looked(self, waiting: list[tuple[str, int]], stored: int) -> None:
+        """A look found `waiting` (ids and issue times in µs, oldest first, one past its
+        batch when there were more), and the first `stored` of them are in the log now."""
+        self._waiting_since = waiting[stored][1] / 1e6 if stored < len(waiting) else time.time()
 
     @property
     def size(self) -> int:
@@ -205,7 +208,8 @@ class TransparencyLog:
                 await stop_tasks(self._task)
                 self._task = None
                 # Receipts settled during shutdown: integrate now rather than at next start
-                # (or rather than leaving them to the next sequencer).
+                # (or rather than leaving them to the next sequencer); no more offers come.
+                self.offer_wait_s = 0
                 with anyio.move_on_after(2):
                     try:
                         if await self._claim():
@@ -255,28 +259,40 @@ class TransparencyLog:
         await self.latest()
         self._looked(await self.storage.unlogged_receipt_ids(1), 0)
 
-    async def _next_batch(self) -> list[ReceiptRecord]:
-        """The next unlogged receipts, in issue order: the first ones as far as they were
-        offered (the rest wait for a later batch: they may be on their way, as they are to
-        the log process), else read whole from storage (settled by another process, or
-        before this one started) once the first has waited `offer_wait_s`."""
+    async def _next_batch(self) -> tuple[list[ReceiptRecord], list[tuple[str, int]]]:
+        """The next unlogged receipts in issue order, and what was found waiting (for the
+        lag). From memory when this process offered them all; while an offer of the first
+        one not offered may still come (the log process is fed after the commit), the ones
+        ahead of it; else read whole from storage (settled by another process, or before
+        this one started)."""
         limit = self.batch + len(self._skipped)
-        waiting = await self.storage.unlogged_receipt_ids(limit)
-        waiting = [w for w in waiting if w[0] not in self._skipped][: self.batch]
-        offered = list(itertools.takewhile(lambda w: w[0] in self._settled, waiting))
-        if offered or not waiting or time.time() - waiting[0][1] / 1e6 < self.offer_wait_s:
-            self._looked(waiting, len(offered))
-            return [self._settled[receipt_id] for receipt_id, _ in offered]
+        found = await self.storage.unlogged_receipt_ids(limit + 1)
+        waiting = [w for w in found if w[0] not in self._skipped]
+        batch = waiting[: self.batch]
+        offered = list(itertools.takewhile(lambda w: w[0] in self._settled, batch))
+        if len(offered) == len(batch) or self._may_come(batch[len(offered)][0]):
+            return [self._settled[receipt_id] for receipt_id, _ in offered], waiting
         records = await self.storage.unlogged_receipts(limit)
         records = [r for r in records if r.id not in self._skipped][: self.batch]
-        self._looked(waiting, len(records))
         self.read_back += len(records)
-        return records
+        return records, waiting
+
+    def _may_come(self, receipt_id: str) -> bool:
+        """Whether an offer of this receipt, the first one not offered, may still come: it
+        has been so for less than `offer_wait_s` (timed here, whatever its issue time says:
+        another instance's clock may run ahead)."""
+        if self.offer_wait_s <= 0:
+            return False
+        now = time.monotonic()
+        if self._unoffered is None or self._unoffered[0] != receipt_id:
+            self._unoffered = (receipt_id, now)
+        return now - self._unoffered[1] < self.offer_wait_s
 
     async def integrate(self) -> int:
         """Append one batch of unlogged receipts; return how many were taken."""
         async with self._lock:
-            records = await self._next_batch()
+            records, waiting = await self._next_batch()
+            self._looked(waiting, 0)  # and again once the batch is stored
             if not records:
                 return 0
             await self._catch_up()
@@ -296,6 +312,7 @@ class TransparencyLog:
                 )
                 hashes.append(leaf_hash(canonical_bytes(receipt)))
             if not entries:
+                self._looked(waiting, len(records))
                 return len(records)
             try:
                 changed = self._edge.append(hashes)
@@ -307,6 +324,7 @@ class TransparencyLog:
                 await self._reload()
                 raise
             self._set_head(head)
+            self._looked(waiting, len(records))
             for record in records:
                 self._settled.pop(record.id, None)
             return len(records)

@@ -57,8 +57,10 @@ FEED_EVERY_S = 0.1
 # (the child reads them back from storage) rather than held in memory here.
 FEED_BUFFER_LIMIT = 4 * 1024 * 1024
 LINE_LIMIT = 1024 * 1024  # a receipt line is about 1 KB
-# A receipt the child was not fed within this long of its issue is read back from storage.
-FED_WITHIN_S = 5 * FEED_EVERY_S
+FEED_DRAIN_S = 2.0  # at its stop, how long the child reads what is left in the pipe
+REPORTS_DRAIN_S = 1.0  # once the child has exited, how long its last reports may take
+# A receipt the child was not fed within this long of finding it first in line is read back.
+FED_WITHIN_S = 10 * FEED_EVERY_S
 
 
 class LogProcess:
@@ -130,21 +132,26 @@ class LogProcess:
         self._feed_due = None
         lines, self._fed = self._fed, []
         pipe = None if self.process is None else self.process.stdin
-        if pipe is None or pipe.is_closing():
+        if not lines or pipe is None or pipe.is_closing():
             return
         if pipe.transport.get_write_buffer_size() > FEED_BUFFER_LIMIT:
             return  # a child that cannot keep up reads these back
         pipe.write(b"\n".join(lines) + b"\n")
 
     async def stop(self) -> None:
+        # The last receipts go, then the pipe closes: the child reads them to its end.
+        self.sequencer = False  # no more offers
         if self._feed_due is not None:
             self._feed_due.cancel()
-            self._feed_due = None
-        # The child first: a cancel of this caller, raised once the reader has ended, must
-        # not leave the child running. Its exit ends the reader too.
-        await stop_child(self.process, STOP_GRACE_S)
+        self._feed()
         if self.process is not None and self.process.stdin is not None:
             self.process.stdin.close()
+        # The child next: a cancel of this caller, raised once the reader has ended, must
+        # not leave the child running. Its exit ends the reader, after its last report.
+        await stop_child(self.process, STOP_GRACE_S)
+        if self._reports is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._reports), REPORTS_DRAIN_S)
         await stop_tasks(self._reports)
         self.sequencer = False
 
@@ -167,21 +174,30 @@ async def _run(settings: dict[str, str], stdin: asyncio.StreamReader) -> None:
         feed = asyncio.create_task(_take_fed(stdin, transparency_log))
         said = None
         while not stopping.is_set():
-            state = {
-                "sequencer": transparency_log.sequencer,
-                "size": transparency_log.size,
-                "read_back": transparency_log.read_back,
-            }
-            if state != said:
-                said = state
-                sys.stdout.buffer.write(orjson.dumps(state) + b"\n")
-                sys.stdout.flush()
+            said = _report(transparency_log, said)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), REPORT_EVERY_S)
+        # What the gateway fed last is in the pipe, closed before SIGTERM: read it to its end.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(feed), FEED_DRAIN_S)
         await stop_tasks(feed)
         await transparency_log.stop()
+        _report(transparency_log, said)  # after the last integration
     finally:
         await storage.close()
+
+
+def _report(transparency_log: TransparencyLog, said: dict | None) -> dict:
+    """Tell the gateway the log's state on stdout, when it changed since `said`."""
+    state = {
+        "sequencer": transparency_log.sequencer,
+        "size": transparency_log.size,
+        "read_back": transparency_log.read_back,
+    }
+    if state != said:
+        sys.stdout.buffer.write(orjson.dumps(state) + b"\n")
+        sys.stdout.flush()
+    return state
 
 
 async def _take_fed(stdin: asyncio.StreamReader, transparency_log: TransparencyLog) -> None:

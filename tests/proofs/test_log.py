@@ -9,16 +9,14 @@ import time
 import msgspec
 import pytest
 
-from model_gateway.gateway.metering import StorageMeter
 from model_gateway.gateway.proofs import log as log_module
 from model_gateway.gateway.proofs.log import LogCorrupted, Pending, TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree, leaf_hash, verify_consistency
 from model_gateway.gateway.proofs.receipts import canonical_bytes, sign_receipt, sign_tree_head
 from model_gateway.gateway.proofs.verify import verify_proof_document
-from model_gateway.pipeline.context import Settlement
-from model_gateway.storage.base import LogEntry, LogTile, TreeHeadRecord
-from tests.support.records import add_project
+from model_gateway.storage.base import LogEntry, LogTile, StorageError, TreeHeadRecord
+from tests.support.records import offering_meter
 
 KEY = SigningKey.generate()
 
@@ -71,47 +69,16 @@ async def test_a_settled_receipt_is_pending_until_integrated_then_verifies(stora
     await log.stop()
 
 
-async def offering_meter(storage, log: TransparencyLog):
-    """charge() -> the id of a receipt settled by a meter that offers it to `log`."""
-    project = await add_project(storage, "offering")
-    await storage.add_credit(project.id, 10_000_000, "2025-01")
-    meter = StorageMeter(storage, on_settled=log.offer)
-    count = 0
-
-    async def charge() -> str:
-        nonlocal count
-        count += 1
-        hold = await meter.reserve(project.id, None, 1000)
-        settlement = Settlement(
-            receipt_id=f"rcpt_{count:04x}{time.time_ns():x}",
-            request_id=f"req_{count:04x}",
-            kind="inference",
-            endpoint="/v1/chat/completions",
-            subject="echo-1",
-            status="succeeded",
-            usage={"input_tokens": 3, "output_tokens": count},
-            cost=100 + count,
-            request_body=b'{"n": %d}' % count,
-            response_sha256=None,
-        )
-        await meter.settle(hold, settlement)
-        return settlement.receipt_id
-
-    return charge
-
-
 async def test_offered_and_stored_receipts_are_logged_in_issue_order_and_verify(storage, settle):
     """The sequencer logs its own process's settlements from memory and reads the rest
     (another writer's, here straight into storage) back: one order, every proof valid."""
     log = TransparencyLog(storage, KEY)
     await log.start()
     log._task.cancel()
-    charge = await offering_meter(storage, log)
+    charge = await offering_meter(storage, log.offer)
     ids = [await charge(), await charge(), (await settle()).id, await charge()]
-    assert await log.integrate() == 2  # the offered ones ahead of the first that was not
-    assert log.read_back == 0
-    assert await log.integrate() == 2  # from there, read back whole
-    assert log.read_back == 2
+    assert await log.integrate() == 4
+    assert log.read_back == 4  # one was not offered: the batch was read back whole
     assert await storage.log_entry_receipts(0, 4) == [
         (i, await storage.get_receipt(receipt_id)) for i, receipt_id in enumerate(ids)
     ]
@@ -129,19 +96,63 @@ async def test_a_fed_log_waits_for_an_offer_before_it_reads_a_receipt_back(stora
     await log.start()
     log._task.cancel()
     first, second = await settle(), await settle()
-    assert await log.integrate() == 0  # not offered yet, and young: wait
+    assert await log.integrate() == 0  # neither offered yet: wait for the first
     log.offer(first)
-    assert await log.integrate() == 1 and log.read_back == 0
-    log.offer_wait_s = 0  # as if the second had waited its time: read back
-    assert await log.integrate() == 1 and log.read_back == 1
+    assert await log.integrate() == 1 and log.read_back == 0  # the ones ahead of the second
+    log.offer_wait_s = 0.5
+    assert await log.integrate() == 0  # the second's wait started when first found unoffered
+    await asyncio.sleep(0.55)
+    assert await log.integrate() == 1 and log.read_back == 1  # waited its time: read back
     assert [r.id for _, r in await storage.log_entry_receipts(0, 2)] == [first.id, second.id]
+
+
+def minute_ago() -> int:
+    return time.time_ns() // 1000 - 60_000_000
+
+
+async def test_the_integration_lag_shows_a_backlog_left_behind_a_full_batch(storage, settle):
+    log = TransparencyLog(storage, KEY, batch=4)
+    await log.start()
+    log._task.cancel()
+    for _ in range(10):
+        await settle(created_at=minute_ago())
+    assert await log.integrate() == 4
+    assert log.integration_lag_s >= 59  # six minute-old receipts still wait
+
+
+async def test_the_integration_lag_grows_while_batches_cannot_be_stored(storage, settle):
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    await settle(created_at=minute_ago())
+
+    async def failing(*args):
+        raise StorageError("SQLite append: SQLITE_IOERR")
+
+    storage.append_log_tiles = failing
+    with pytest.raises(StorageError):
+        await log.integrate()
+    assert log.integration_lag_s >= 59
+
+
+async def test_a_receipt_issued_ahead_of_this_clock_waits_no_longer_than_any(storage, settle):
+    """Another instance's clock may run ahead: the wait for an offer is timed here."""
+    log = TransparencyLog(storage, KEY, offer_wait_s=0.2)
+    await log.start()
+    log._task.cancel()
+    ahead = await settle(created_at=time.time_ns() // 1000 + 3_600_000_000)
+    assert await log.integrate() == 0
+    await asyncio.sleep(0.25)
+    assert await log.integrate() == 1
+    assert log.integration_lag_s < 5
+    assert (await log.proof(ahead.id)).receipt.id == ahead.id
 
 
 async def test_the_integration_lag_stays_small_while_receipts_keep_coming(storage):
     """The lag is the oldest waiting receipt's wait: under unbroken settlements a log that
     keeps up shows about its interval, never the time since it last found none waiting."""
     log = TransparencyLog(storage, KEY, interval_s=0.02)
-    charge = await offering_meter(storage, log)
+    charge = await offering_meter(storage, log.offer)
     await log.start()
     lags = []
     deadline = time.monotonic() + 1.5
@@ -160,7 +171,7 @@ async def test_a_row_altered_between_settlement_and_logging_is_caught(storage, t
     log = TransparencyLog(storage, KEY)
     await log.start()
     log._task.cancel()
-    charge = await offering_meter(storage, log)
+    charge = await offering_meter(storage, log.offer)
     altered, kept = await charge(), await charge()
     with sqlite3.connect(tmp_path / "gateway.db") as db:
         db.execute("UPDATE receipts SET cost = cost - 50 WHERE id = ?", (altered,))

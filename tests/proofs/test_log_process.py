@@ -15,8 +15,10 @@ import httpx
 import pytest
 
 from model_gateway.gateway.proofs.log_process import LogProcess
+from model_gateway.storage import open_storage
 from tests.support.gateway_process import GatewayProcess
 from tests.support.http import bearer, chat_body
+from tests.support.records import offering_meter
 
 CHILD_MODULE = b"model_gateway.gateway.proofs.log_process"
 
@@ -129,8 +131,8 @@ def test_the_gateway_reads_only_the_childs_reports(tmp_path):
     child = LogProcess("sqlite:///unused.db", tmp_path / "key", "origin", "text")
     child._read(b"something else\n")
     assert (child.sequencer, child.size) == (False, 0)
-    child._read(b'{"sequencer":true,"size":3,"read_back":0}\n')
-    assert (child.sequencer, child.size) == (True, 3)
+    child._read(b'{"sequencer":true,"size":3,"read_back":2}\n')
+    assert (child.sequencer, child.size, child.read_back) == (True, 3, 2)
 
 
 async def test_a_stop_cancelled_by_an_anyio_scope_still_ends_the_child(tmp_path):
@@ -142,3 +144,21 @@ async def test_a_stop_cancelled_by_an_anyio_scope_still_ends_the_child(tmp_path)
         scope.cancel()
         await child.stop()
     assert child.process.returncode is not None and not child.sequencer
+
+
+async def test_receipts_fed_just_before_a_stop_are_logged_from_the_feed(tmp_path):
+    """The last receipts settled before the stop go to the child before its pipe closes,
+    and the child reads them to the end before its last integration: none read back."""
+    url = f"sqlite:///{tmp_path}/gateway.db"
+    child = LogProcess(url, tmp_path / "signing-key", "gateway.local/log", "text")
+    await child.start()
+    storage = await open_storage(url)
+    try:
+        charge = await offering_meter(storage, child.offer)
+        settled = [await charge() for _ in range(5)]  # well within the feed's 100 ms
+        await child.stop()
+        logged = await storage.log_entry_receipts(0, 5)
+        assert [receipt.id for _, receipt in logged] == settled
+        assert child.read_back == 0  # its last report, after its last integration
+    finally:
+        await storage.close()
