@@ -17,7 +17,9 @@ they were; at the first start after the upgrade their tiles are built once.
 
 One sequencer: several instances share one database and one log key, and exactly one of
 them integrates and signs, the one that holds the storage's sequencer lock (PostgreSQL: a
-session advisory lock; SQLite serves one process, which always holds it). The others
+session advisory lock; SQLite: a flock on a file beside the database, which the kernel
+frees when its holder's process dies: the log process, or several processes on one
+file). The others
 follow: they serve proofs, checkpoints, tiles and entries from the stored log, catching up
 with the latest stored head when asked for something newer and every `follow_s`, and try
 for the lock as often. The one that gets it (its holder died or hung) reloads the right
