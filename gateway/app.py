@@ -76,7 +76,9 @@ class Gateway:
 
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
-        self.storage = await open_storage(self.config.storage_url)
+        self.storage = await open_storage(
+            self.config.storage_url, commit_batch=self.config.storage.commit_batch
+        )
         owner, lease_s = process_owner(), self.config.cluster.lease_s
         self.instance = Instance(self.storage, owner, lease_s)
         await self.instance.start()  # registered and leased before anything is served

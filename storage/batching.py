@@ -1,6 +1,9 @@
 """Batches of writes from concurrent requests: each caller queues one item and awaits its
 outcome; the items queued while the event loop runs one turn (and while the batch before
-them runs) go together, so that they share one transaction and one commit.
+them runs) go together, up to `max_batch`, so that they share one transaction and one
+commit. When more wait than a batch takes, the callers of one batch resume before the
+next batch runs: a smaller `max_batch` costs more commits, but lets requests that move in
+lockstep (all answered by their upstream at once) go on in groups rather than together.
 
 At most one batch runs at a time. Every caller's future is resolved, whatever happens: the
 batch's runner answers one outcome per item (a value, or the exception that belongs to
@@ -57,6 +60,8 @@ class Batcher(Generic[I, O]):
                         future.set_exception(outcome)
                     else:
                         future.set_result(outcome)
+                if self._pending:
+                    await asyncio.sleep(0)  # this batch's callers go on first
         finally:
             self._flusher = None
             # Cancelled (the loop is closing): no caller waits forever. The batch that ran

@@ -57,7 +57,13 @@ _STATEMENT_ERRORS = (
 
 
 class GroupCommitWriter:
-    def __init__(self, path: Path, pragmas: tuple[str, ...], busy_timeout_s: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        pragmas: tuple[str, ...],
+        busy_timeout_s: float,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
         self._give_up_after_s = busy_timeout_s
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
@@ -66,7 +72,7 @@ class GroupCommitWriter:
         except BaseException:
             self._conn.close()
             raise
-        self._batches: Batcher[_Write, int] = Batcher(self._run_when_unlocked, MAX_BATCH)
+        self._batches: Batcher[_Write, int] = Batcher(self._run_when_unlocked, max_batch)
 
     async def execute(self, sql: str, params: Params) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""

@@ -25,6 +25,29 @@ async def test_the_items_of_one_turn_share_a_batch_and_keep_their_outcomes():
     ]  # fmt: skip
 
 
+async def test_the_callers_of_a_full_batch_go_on_before_the_next_batch_runs():
+    """Requests in lockstep go on in groups of `max_batch`: each group's next step runs
+    before the next group's commit, not after the last one."""
+    happened: list[str] = []
+
+    async def run(batch: list[int]) -> list[object]:
+        happened.append(f"commit {batch}")
+        return list(batch)
+
+    batcher = Batcher(run, max_batch=2)
+
+    async def request(n: int) -> None:
+        await batcher.submit(n)
+        happened.append(f"go on {n}")
+
+    await asyncio.gather(*(request(n) for n in range(5)))
+    assert happened == [
+        "commit [0, 1]", "go on 0", "go on 1",
+        "commit [2, 3]", "go on 2", "go on 3",
+        "commit [4]", "go on 4",
+    ]  # fmt: skip
+
+
 async def test_a_batch_that_fails_fails_each_of_its_items():
     async def run(batch: list[int]) -> list[object]:
         raise OSError("disk gone")
