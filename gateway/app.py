@@ -76,9 +76,7 @@ class Gateway:
 
     async def start(self) -> None:
         pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
-        self.storage = await open_storage(
-            self.config.storage_url, commit_batch=self.config.storage.commit_batch
-        )
+        self.storage = await open_storage(self.config.storage_url)
         owner, lease_s = process_owner(), self.config.cluster.lease_s
         self.instance = Instance(self.storage, owner, lease_s)
         await self.instance.start()  # registered and leased before anything is served

@@ -68,10 +68,6 @@ class ServerConfig(_Section):
 
 class StorageConfig(_Section):
     url: str = "sqlite:///data/gateway.db"
-    # The most request writes one commit takes (None: the backend's own, 256 on SQLite, 64
-    # on PostgreSQL). Smaller costs more commits and CPU, but lets requests that move in
-    # lockstep go on in groups: README, Speed.
-    commit_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class SecretsConfig(_Section):

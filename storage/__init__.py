@@ -28,7 +28,7 @@ BACKENDS = {
 }
 
 
-async def open_storage(url: str, *, commit_batch: int | None = None) -> Storage:
+async def open_storage(url: str) -> Storage:
     scheme = url.split(":", 1)[0].split("+", 1)[0]
     target = BACKENDS.get(scheme)
     if target is None:
@@ -36,7 +36,7 @@ async def open_storage(url: str, *, commit_batch: int | None = None) -> Storage:
         raise StorageError(f"unknown storage URL scheme {scheme!r} (known: {known})")
     module_name, class_name = target.split(":")
     backend: type[Storage] = getattr(importlib.import_module(module_name), class_name)
-    return await backend.open(url, commit_batch=commit_batch)
+    return await backend.open(url)
 
 
 __all__ = [

@@ -236,10 +236,8 @@ class Storage(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    async def open(cls, url: str, *, commit_batch: int | None = None) -> Self:
-        """Connect to the backend at `url`, creating and migrating its schema if needed.
-        `commit_batch`: the most request writes one commit takes (None: the backend's own
-        default)."""
+    async def open(cls, url: str) -> Self:
+        """Connect to the backend at `url`, creating and migrating its schema if needed."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TypeAlias
 
-from model_gateway.storage.batching import Batcher, Outcome
+from model_gateway.storage.batching import LOCKSTEP_BATCH, Batcher, Outcome
 
 MAX_BATCH = 256
 BUSY_RETRY_S = 0.001
@@ -57,13 +57,7 @@ _STATEMENT_ERRORS = (
 
 
 class GroupCommitWriter:
-    def __init__(
-        self,
-        path: Path,
-        pragmas: tuple[str, ...],
-        busy_timeout_s: float,
-        max_batch: int = MAX_BATCH,
-    ) -> None:
+    def __init__(self, path: Path, pragmas: tuple[str, ...], busy_timeout_s: float) -> None:
         self._give_up_after_s = busy_timeout_s
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
@@ -72,7 +66,9 @@ class GroupCommitWriter:
         except BaseException:
             self._conn.close()
             raise
-        self._batches: Batcher[_Write, int] = Batcher(self._run_when_unlocked, max_batch)
+        self._batches: Batcher[_Write, int] = Batcher(
+            self._run_when_unlocked, MAX_BATCH, LOCKSTEP_BATCH
+        )
 
     async def execute(self, sql: str, params: Params) -> int:
         """Run one statement in the next batch; its rowcount, or its sqlite3 error."""

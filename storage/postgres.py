@@ -90,7 +90,7 @@ from model_gateway.storage.base import (
     ledger_entry,
     now_s,
 )
-from model_gateway.storage.batching import Batcher, Outcome
+from model_gateway.storage.batching import LOCKSTEP_BATCH, Batcher, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class PostgresStorage(Storage):
 
     base_exceptions: ClassVar[tuple[type[BaseException], ...]] = _DRIVER_ERRORS
 
-    def __init__(self, pool: Any, dsn: str, commit_batch: int = _MAX_BATCH) -> None:
+    def __init__(self, pool: Any, dsn: str) -> None:
         self._pool = pool
         self._dsn = dsn
         self._database = dsn
@@ -310,8 +310,12 @@ class PostgresStorage(Storage):
         self._sequencing = False  # whether its session holds the lock
         self._watchers: list[Callable[[int], None]] = []
         # The concurrent requests' holds, and their receipts, a batch per transaction.
-        self._holds: Batcher[ReservationRecord, None] = Batcher(self._reserve_batch, commit_batch)
-        self._receipts: Batcher[ReceiptRecord, bool] = Batcher(self._settle_batch, commit_batch)
+        self._holds: Batcher[ReservationRecord, None] = Batcher(
+            self._reserve_batch, _MAX_BATCH, LOCKSTEP_BATCH
+        )
+        self._receipts: Batcher[ReceiptRecord, bool] = Batcher(
+            self._settle_batch, _MAX_BATCH, LOCKSTEP_BATCH
+        )
 
     @classmethod
     def translate_error(cls, exc: BaseException, operation: str) -> StorageError:
@@ -340,7 +344,7 @@ class PostgresStorage(Storage):
         return StorageError(f"{where}: {type(exc).__name__}")
 
     @classmethod
-    async def open(cls, url: str, *, commit_batch: int | None = None) -> PostgresStorage:
+    async def open(cls, url: str) -> PostgresStorage:
         dsn = _connect_url(url)
         pool = await asyncpg.create_pool(
             dsn,
@@ -359,7 +363,7 @@ class PostgresStorage(Storage):
                 "lock_timeout": "30s",
             },
         )
-        storage = cls(pool, dsn, commit_batch or _MAX_BATCH)
+        storage = cls(pool, dsn)
         try:
             await storage._migrate()
             storage._database = await storage._run(

@@ -99,7 +99,7 @@ from model_gateway.storage.files import (
     restrict_if_present,
     write_private,
 )
-from model_gateway.storage.group_commit import MAX_BATCH, GroupCommitWriter
+from model_gateway.storage.group_commit import GroupCommitWriter
 
 _LIMIT_REASONS = frozenset({"budget_exceeded", "insufficient_balance"})
 
@@ -361,13 +361,7 @@ class SQLiteStorage(Storage):
         return StorageError(f"{where}: {type(exc).__name__}")
 
     @classmethod
-    async def open(
-        cls,
-        url: str,
-        *,
-        busy_timeout_s: float = BUSY_TIMEOUT_S,
-        commit_batch: int | None = None,
-    ) -> SQLiteStorage:
+    async def open(cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> SQLiteStorage:
         if not url.startswith(_PREFIX):
             raise StorageError(
                 "a SQLite URL looks like sqlite:///relative/path or sqlite:////abs/path"
@@ -380,7 +374,7 @@ class SQLiteStorage(Storage):
             conn.row_factory = sqlite3.Row
             for pragma in pragmas:
                 await conn.execute(f"PRAGMA {pragma}")
-            writer = GroupCommitWriter(path, pragmas, busy_timeout_s, commit_batch or MAX_BATCH)
+            writer = GroupCommitWriter(path, pragmas, busy_timeout_s)
         except BaseException:
             await conn.close()  # its thread would otherwise keep the process alive
             raise

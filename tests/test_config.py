@@ -53,7 +53,6 @@ def test_a_typoed_key_is_named_in_the_error(text, named):
         ('[server]\nenvironment = "staging"\n', "server.environment"),
         ('[limits]\ndefault_key_rpm = "many"\n', "limits.default_key_rpm"),
         ("[storage]\nurl = 5\n", "storage.url"),
-        ("[storage]\ncommit_batch = 0\n", "storage.commit_batch"),
         (ECHO + 'input_price_per_mtok = "cheap"\n', "models.echo-1.input_price_per_mtok"),
         (ECHO + 'available = "yes"\n', "models.echo-1.available"),
         ('[providers.local]\nkind = "llama"\n', "providers.local.kind"),

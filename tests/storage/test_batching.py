@@ -4,10 +4,12 @@ loop turn go together, each caller gets its own outcome, and nobody waits foreve
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from model_gateway.storage.batching import Batcher
+from model_gateway.storage import batching
+from model_gateway.storage.batching import BUSY_WINDOW_S, Batcher
 
 
 async def test_the_items_of_one_turn_share_a_batch_and_keep_their_outcomes():
@@ -25,27 +27,46 @@ async def test_the_items_of_one_turn_share_a_batch_and_keep_their_outcomes():
     ]  # fmt: skip
 
 
-async def test_the_callers_of_a_full_batch_go_on_before_the_next_batch_runs():
-    """Requests in lockstep go on in groups of `max_batch`: each group's next step runs
-    before the next group's commit, not after the last one."""
+async def test_with_time_to_spare_requests_in_lockstep_go_on_in_groups():
+    """The loop idle: batches of `lockstep_batch`, each batch's callers going on before the
+    next batch commits (not all after the last one)."""
     happened: list[str] = []
 
     async def run(batch: list[int]) -> list[object]:
         happened.append(f"commit {batch}")
         return list(batch)
 
-    batcher = Batcher(run, max_batch=2)
-
     async def request(n: int) -> None:
         await batcher.submit(n)
         happened.append(f"go on {n}")
 
+    batcher = Batcher(run, max_batch=256, lockstep_batch=2)
+    await asyncio.sleep(BUSY_WINDOW_S * 1.5)  # an idle window
     await asyncio.gather(*(request(n) for n in range(5)))
     assert happened == [
         "commit [0, 1]", "go on 0", "go on 1",
         "commit [2, 3]", "go on 2", "go on 3",
         "commit [4]", "go on 4",
     ]  # fmt: skip
+
+
+async def test_a_busy_loop_commits_them_all_at_once(monkeypatch):
+    """The loop's thread busy on CPU: one commit for every request waiting is worth most."""
+    # A low bar: on a loaded machine (the other test workers) a spinning thread gets only
+    # a part of a core; what is tested is that the measured share decides.
+    monkeypatch.setattr(batching, "BUSY_SHARE", 0.2)
+    batches: list[list[int]] = []
+
+    async def run(batch: list[int]) -> list[object]:
+        batches.append(batch)
+        return list(batch)
+
+    batcher = Batcher(run, max_batch=256, lockstep_batch=2)
+    deadline = time.monotonic() + BUSY_WINDOW_S * 1.5
+    while time.monotonic() < deadline:  # the loop's thread busy, as under load
+        sum(range(1000))
+    await asyncio.gather(*(batcher.submit(n) for n in range(5)))
+    assert batches == [[0, 1, 2, 3, 4]]
 
 
 async def test_a_batch_that_fails_fails_each_of_its_items():

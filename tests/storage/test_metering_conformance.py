@@ -213,31 +213,25 @@ async def test_a_receipt_id_is_used_once(storage):
     assert (audit.balance, audit.reserved, audit.month_spend) == (970, 100, 30)
 
 
-@pytest.mark.parametrize("commit_batch", [None, 2], ids=["default", "batch-of-2"])
-async def test_concurrent_writes_keep_their_own_outcomes(storage_url, commit_batch):
+async def test_concurrent_writes_keep_their_own_outcomes(storage):
     """Concurrent holds and receipts share a batch (SQLite's group commit, PostgreSQL's
-    batch functions), or several (`[storage] commit_batch`): each is admitted, refused or
-    fails as it would alone."""
-    storage = await open_storage(storage_url, commit_batch=commit_batch)
-    try:
-        pid, kid = await project(storage, credit=600)
-        holds = [hold(pid, kid, 100) for _ in range(8)]
-        stray = hold("prj_missing", None, 1)  # its project does not exist
-        outcomes = await asyncio.gather(
-            *(refused(storage, h) for h in holds), storage.reserve(stray), return_exceptions=True
-        )
-        assert sorted(map(str, outcomes[:8])) == ["None"] * 6 + ["insufficient_balance"] * 2
-        # Its own error alone (the backends name a missing row differently).
-        assert isinstance(outcomes[8], StorageError) and not isinstance(outcomes[8], LimitReached)
-        held = [h for h, outcome in zip(holds, outcomes, strict=False) if outcome is None]
-        await storage.release(held[0].id)
-        settled = await asyncio.gather(
-            *(storage.settle(receipt(h, 40)) for h in held),
-            storage.settle(receipt(held[1], 40)),  # its hold is consumed once
-        )
-        assert sorted(settled) == [False, False] + [True] * 5
-        audit = await storage.audit(pid, MONTH)
-        assert (audit.balance, audit.reserved, audit.month_spend) == (600 - 5 * 40, 0, 5 * 40)
-        assert audit.balance == audit.ledger_sum
-    finally:
-        await storage.close()
+    batch functions): each is admitted, refused or fails as it would alone."""
+    pid, kid = await project(storage, credit=600)
+    holds = [hold(pid, kid, 100) for _ in range(8)]
+    stray = hold("prj_missing", None, 1)  # its project does not exist
+    outcomes = await asyncio.gather(
+        *(refused(storage, h) for h in holds), storage.reserve(stray), return_exceptions=True
+    )
+    assert sorted(map(str, outcomes[:8])) == ["None"] * 6 + ["insufficient_balance"] * 2
+    # Its own error alone (the backends name a missing row differently).
+    assert isinstance(outcomes[8], StorageError) and not isinstance(outcomes[8], LimitReached)
+    held = [h for h, outcome in zip(holds, outcomes, strict=False) if outcome is None]
+    await storage.release(held[0].id)
+    settled = await asyncio.gather(
+        *(storage.settle(receipt(h, 40)) for h in held),
+        storage.settle(receipt(held[1], 40)),  # its hold is consumed once
+    )
+    assert sorted(settled) == [False, False] + [True] * 5
+    audit = await storage.audit(pid, MONTH)
+    assert (audit.balance, audit.reserved, audit.month_spend) == (600 - 5 * 40, 0, 5 * 40)
+    assert audit.balance == audit.ledger_sum
