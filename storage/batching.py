@@ -8,7 +8,7 @@ time to spare, a batch takes at most `lockstep_batch`, and its callers go on bef
 next batch runs: requests that move in lockstep (32 answers arriving together) then go
 on in groups, instead of each waiting for the whole group's work at every commit. More
 commits cost CPU the loop has to spare. Against a mock answering in 20 ms at 32
-connections, paired with one batch for all: 1.10x and 1.04x req/s; against one answering
+connections, paired with one batch for all: 1.13x and 1.08x req/s; against one answering
 at once, where the CPU is the limit, within the noise (README, Speed).
 
 At most one batch runs at a time. Every caller's future is resolved, whatever happens: the
