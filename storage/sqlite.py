@@ -47,6 +47,7 @@ opens it (SQLite gives its -wal and -shm files the database's mode), the epoch f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -271,6 +272,8 @@ class AdminEpoch:
         os.replace(tmp, self.path)
 
 
+_NO_WAIT = contextlib.nullcontext()  # a read with no transaction to wait out
+
 _WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
 
 BUSY_TIMEOUT_S = 5.0
@@ -440,10 +443,8 @@ class SQLiteStorage(Storage):
         coroutine started meanwhile would share it: a write committed in between would be
         missed. A read also waits out a transaction open on the shared connection, so it
         never sees what that transaction has not committed."""
-        if self._write_lock.locked():
-            async with self._write_lock:
-                return list(await self._conn.execute_fetchall(sql, params))
-        return list(await self._conn.execute_fetchall(sql, params))
+        async with self._write_lock if self._write_lock.locked() else _NO_WAIT:
+            return list(await self._conn.execute_fetchall(sql, params))
 
     async def _fetchone(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Row | None:
         """The one row of a read by a unique key or an aggregate (never the first of many)."""

@@ -155,7 +155,7 @@ class LogProcess:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._reports), REPORTS_DRAIN_S)
         await stop_tasks(self._reports)
-        self.sequencer = False
+        self.sequencer = False  # whatever its last report said: it is gone
 
 
 async def _run(settings: dict[str, str], stdin: asyncio.StreamReader) -> None:
