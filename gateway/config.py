@@ -101,9 +101,9 @@ class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
     # While this process's writes are idle, requests reserve in memory against slices it
-    # leased (gateway/leased_meter.py). Off by default: such a hold shows under `reserved`
-    # only once the housekeeping writes it (up to 50 ms later).
-    leases: bool = False
+    # leased (gateway/leased_meter.py); a stream's hold, and every hold when off, is written
+    # before the provider is called.
+    leases: bool = True
 
 
 class ConsoleConfig(_Section):

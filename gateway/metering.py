@@ -145,7 +145,10 @@ class StorageMeter:
     def _lease_until(self) -> int:
         return math.ceil(time.time() + self.lease_s)
 
-    async def reserve(self, project_id: str, key_id: str | None, amount: int) -> ReservationRecord:
+    async def reserve(
+        self, project_id: str, key_id: str | None, amount: int, *, watched: bool = False
+    ) -> ReservationRecord:
+        """A written hold, shown in `reserved` once committed, watched or not."""
         if self.instance is not None:
             self.instance.check_serving()
         month = current_month()

@@ -90,9 +90,19 @@ class Hold:
         self.settlement: Settlement | None = None  # what was charged, once settled
 
     @classmethod
-    async def take(cls, meter: Meter, project_id: str, key_id: str | None, amount: int) -> Hold:
-        """Reserve `amount`; a reservation made while the caller was cancelled is released."""
-        reservation, cancelled = await _to_the_end(meter, meter.reserve(project_id, key_id, amount))
+    async def take(
+        cls,
+        meter: Meter,
+        project_id: str,
+        key_id: str | None,
+        amount: int,
+        *,
+        watched: bool = False,
+    ) -> Hold:
+        """Reserve `amount` (`watched`: see `Meter.reserve`); a reservation made while the
+        caller was cancelled is released."""
+        reserving = meter.reserve(project_id, key_id, amount, watched=watched)
+        reservation, cancelled = await _to_the_end(meter, reserving)
         hold = cls(meter, reservation)
         if cancelled:
             await hold.release()

@@ -86,7 +86,9 @@ class MemoryMeter:
     def _key_held(self, key_id: str) -> int:
         return sum(r.amount for r in self.open.values() if r.key_id == key_id)
 
-    async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+    async def reserve(
+        self, project_id: str, key_id: str | None, amount: int, *, watched: bool = False
+    ) -> Reserved:
         project = self.projects[project_id]
         limit = self.key_limits.get(key_id) if key_id is not None else None
         if limit is not None and key_id is not None:

@@ -90,9 +90,13 @@ class Meter(Protocol):
     their own (pipeline/hold.py), about 5% of a metered request's instructions. A cancel
     that such a call made for itself would be taken for its caller's and never reach it."""
 
-    async def reserve(self, project_id: str, key_id: str | None, amount: int) -> Reserved:
+    async def reserve(
+        self, project_id: str, key_id: str | None, amount: int, *, watched: bool = False
+    ) -> Reserved:
         """Hold `amount` atomically against every limit, or raise BudgetExceeded /
-        InsufficientBalance."""
+        InsufficientBalance. `watched`: the client may read its project while the request
+        runs (a stream, once its first byte is out), so the hold must show in `reserved`
+        by the time this returns; else a meter may show it a few milliseconds later."""
         ...
 
     async def settle(self, reservation: Reserved, settlement: Settlement) -> None:

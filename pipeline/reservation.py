@@ -44,7 +44,11 @@ class Reservation:
         try:
             amount = pricing.estimate(ctx)
             key_id = ctx.key.id if ctx.key is not None else None
-            hold = ctx.hold = await Hold.take(self.meter, ctx.project.id, key_id, amount)
+            # A stream's client may read its project while the stream runs.
+            watched = getattr(ctx.payload, "stream", None) is True
+            hold = ctx.hold = await Hold.take(
+                self.meter, ctx.project.id, key_id, amount, watched=watched
+            )
         except GatewayError as error:
             await send_error(send, error, ctx.request_id)
             return

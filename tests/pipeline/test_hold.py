@@ -69,7 +69,7 @@ async def test_a_release_cancelled_midway_still_frees_the_money(meter):
 
 async def test_a_take_cancelled_while_the_meter_writes_releases_what_it_reserved(meter):
     class SlowReserve(type(meter)):
-        async def reserve(self, project_id, key_id, amount):
+        async def reserve(self, project_id, key_id, amount, *, watched=False):
             await asyncio.sleep(0.05)
             return await super().reserve(project_id, key_id, amount)
 
@@ -114,7 +114,7 @@ async def test_a_bare_yield_in_the_meter_gives_the_loop_a_turn(meter):
     ran: list[str] = []
 
     class Yielding(type(meter)):
-        async def reserve(self, project_id, key_id, amount):
+        async def reserve(self, project_id, key_id, amount, *, watched=False):
             await asyncio.sleep(0)  # a bare yield to the loop
             ran.append("meter")
             return await super().reserve(project_id, key_id, amount)
@@ -129,7 +129,7 @@ async def test_calls_run_in_the_callers_task_only_when_the_meter_says_so(meter):
     tasks: list[asyncio.Task | None] = []
 
     class Watching(type(meter)):
-        async def reserve(self, project_id, key_id, amount):
+        async def reserve(self, project_id, key_id, amount, *, watched=False):
             tasks.append(asyncio.current_task())
             await asyncio.sleep(0.001)
             return await super().reserve(project_id, key_id, amount)
