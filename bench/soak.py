@@ -7,6 +7,12 @@ the database's size (file + WAL). At the end: bytes per request after a checkpoi
 the targets of issue 14: RSS within ±5 MiB of minute 1's from then on, the last minute's
 req/s at least 0.9x the first's, at most 400 bytes a request.
 
+The first and the last minute are ten minutes apart, and these VMs change speed by more
+than 10% in that time. So a control follows the soak: a fresh gateway (its own mock, an
+empty database) and the soaked one take the same load in turn, `--control-rounds` rounds
+of 20 s, the order swapped every round. The soaked gateway's req/s over the fresh one's
+is what its history costs, whatever the machine did meanwhile.
+
     .venv/bin/python bench/soak.py              # what `make soak` runs: 10 minutes
     .venv/bin/python bench/soak.py --minutes 2  # a short trial
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +32,7 @@ import time
 from pathlib import Path
 
 from load import BENCH_DIR, WRK_THREADS, wrk_version
-from procs import StartError, memory_kib
+from procs import Server, StartError, memory_kib
 from run import CHAT, CHAT_STREAM, log
 from storage_size import GOAL_BYTES, checkpoint, measure, metered_gateway
 from storage_size import render as render_size
@@ -34,6 +41,8 @@ CONNECTIONS = 32
 RSS_BAND_MIB = 5
 RPS_KEEP = 0.9
 SCENARIOS = (CHAT, CHAT_STREAM)
+CONTROL_S = 20
+WARM_UP_S = 3
 
 
 def wrk(url: str, auth: str, body: Path, seconds: int) -> subprocess.Popen[str]:
@@ -51,6 +60,31 @@ def requests_of(output: str) -> tuple[int, int]:
         raise RuntimeError(f"wrk printed no result: {output.strip()[-200:]}")
     stats = json.loads(line.removeprefix("BENCH "))
     return stats["requests"], stats["errors"] + stats["bad_status"]
+
+
+def load(server: Server, key: str, bodies: list[Path], seconds: int) -> list[tuple[int, int]]:
+    """Every scenario at once against `server` for `seconds`: (requests, errors) of each."""
+    runs = [
+        wrk(server.url + kind.path, key, body, seconds)
+        for kind, body in zip(SCENARIOS, bodies, strict=True)
+    ]
+    counts = [requests_of(run.communicate()[0]) for run in runs]
+    if server.proc.poll() is not None:
+        raise RuntimeError("the gateway exited under load")
+    return counts
+
+
+def control(soaked: Server, key: str, fresh: Server, fresh_key: str, bodies: list[Path],
+            rounds: int) -> list[float]:  # fmt: skip
+    """The soaked gateway's req/s over a fresh one's, round by round (order swapped)."""
+    load(fresh, fresh_key, bodies, WARM_UP_S)
+    ratios = []
+    for n in range(rounds):
+        pair = [(soaked, key), (fresh, fresh_key)]
+        order = pair if n % 2 == 0 else pair[::-1]
+        rps = {id(s): sum(r for r, _ in load(s, k, bodies, CONTROL_S)) for s, k in order}
+        ratios.append(rps[id(soaked)] / rps[id(fresh)])
+    return ratios
 
 
 def db_mib(db: Path) -> float:
@@ -72,6 +106,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=int, default=10)
     parser.add_argument("--gateway", type=Path, default=Path(sys.executable).parent / "gateway")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "soak.md")
+    parser.add_argument("--control-rounds", type=int, default=4)
     args = parser.parse_args()
     if wrk_version() is None:
         log("wrk is not installed: apt-get install -y wrk")
@@ -98,13 +133,7 @@ def main() -> int:
                 )
                 print(lines[-1], flush=True)
                 for minute in range(1, args.minutes + 1):
-                    runs = [
-                        wrk(server.url + kind.path, key, body, 60)
-                        for kind, body in zip(SCENARIOS, bodies, strict=True)
-                    ]
-                    counts = [requests_of(run.communicate()[0]) for run in runs]
-                    if server.proc.poll() is not None:
-                        raise RuntimeError(f"the gateway exited in minute {minute}")
+                    counts = load(server, key, bodies, 60)
                     rps = [n / 60 for n, _ in counts]
                     rss = rss_mib(server.pid)
                     rows.append((minute, rps, rss))
@@ -114,21 +143,26 @@ def main() -> int:
                     )
                     print(lines[-1], flush=True)
                 time.sleep(2)  # the log appends what was settled last
+                (folder / "fresh").mkdir()
+                with metered_gateway(args.gateway, folder / "fresh") as (fresh, fresh_key, _):
+                    ratios = control(server, key, fresh, fresh_key, bodies, args.control_rounds)
         except (StartError, RuntimeError) as error:
             log(f"aborted: {error}")
             return 1
         checkpoint(db)
         size = measure(db)
-    lines += ["", render_size(size), *verdicts(rows, size.per_request)]
+    lines += ["", render_size(size), *verdicts(rows, size.per_request, ratios)]
     text = "\n".join(lines) + "\n"
-    print("\n".join(lines[-4:]))
+    print("\n".join(lines[-5:]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     log(f"written to {args.out}")
     return 0
 
 
-def verdicts(rows: list[tuple[int, list[float], float]], per_request: float) -> list[str]:
+def verdicts(
+    rows: list[tuple[int, list[float], float]], per_request: float, ratios: list[float]
+) -> list[str]:
     if len(rows) < 2:
         return ["(too short to judge the targets: 2 minutes at least)"]
     warm = rows[0][2]
@@ -145,6 +179,10 @@ def verdicts(rows: list[tuple[int, list[float], float]], per_request: float) -> 
         f" = {last / first:.2f}: {verdict(last >= RPS_KEEP * first)}",
         f"- storage <= {GOAL_BYTES} bytes a request: {per_request:.0f}:"
         f" {verdict(per_request <= GOAL_BYTES)}",
+        f"- control, the soaked gateway's req/s over a fresh one's, {CONTROL_S} s rounds in"
+        f" turn: {', '.join(f'{r:.2f}' for r in ratios)} (median"
+        f" {statistics.median(ratios):.2f}): history costs"
+        f" {'nothing beyond the noise' if statistics.median(ratios) >= RPS_KEEP else 'throughput'}",
     ]
 
 
