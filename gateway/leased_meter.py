@@ -40,12 +40,10 @@ Rules
   more than it saves. Measured against writing every hold (paired, both orders): 1.12x
   and 1.13x req/s at one connection, 1.03x and 1.15x at 32; leases for every hold had
   measured 0.88-0.97x at 32.
-- What requests hold of a lease is shown as `reserved` once a hold has been open
-  `SHOW_AFTER_S` (their lease holds the money from the start): the owner writes it then,
-  in one write for every lease asked for meanwhile, and with its housekeeping. A request
-  answered sooner costs no write of its hold. A watched hold (a stream's: its client may
-  read its project once the first byte is out) is direct, so shown before the provider
-  is called.
+- What requests hold of a lease is shown as `reserved` at most `POLL_S` late (their
+  lease holds the money from the start): the owner writes it with its housekeeping. A
+  watched hold (a stream's: its client may read its project once the first byte is
+  out) is direct, so shown before the provider is called.
 - Leases go back when unused for `IDLE_S`, on shutdown, and after any admin change (a
   new budget or limit applies to the next hold, as it does today); a lease that still
   has requests in flight gives back its free part and ends when the last one closes.
@@ -101,10 +99,6 @@ COOL_DOWN_S = 5.0  # after answering a recall, the project is served by direct h
 SLICE_HOLDS = 8  # a new lease covers at least this many holds like the one that asked
 SHARE = 2  # a lease takes at most 1/SHARE of what is left under the tightest limit
 DEMAND_WINDOW_S = 1.0
-# A request's hold taken from a lease shows in `reserved` once it has been open this long
-# (one write for every lease with such holds): a request answered sooner never costs a
-# write of its hold, one that runs longer is shown a few milliseconds after it started.
-SHOW_AFTER_S = 0.005
 IN_USE_ASKS_PER_WRITE = 256  # at most, in one write of `in_use` (the rest in the next)
 
 Slot = tuple[str, str, str]  # project, key, month
@@ -139,14 +133,13 @@ class Lease:
 class LeaseHold:
     """A request's hold taken from a lease: exists only in this process."""
 
-    __slots__ = ("amount", "id", "lease", "show_timer", "writes")
+    __slots__ = ("amount", "id", "lease", "writes")
 
     def __init__(self, hold_id: str, amount: int, lease: Lease) -> None:
         self.id = hold_id
         self.amount = amount
         self.lease = lease
         self.writes = lease.writes  # a later write of `held` showed this hold as reserved
-        self.show_timer: asyncio.TimerHandle  # shows it in `reserved` unless closed first
 
 
 class _Demand:
@@ -183,15 +176,10 @@ class LeasedMeter(StorageMeter):
         poll_s: float = POLL_S,
         idle_s: float = IDLE_S,
         recall_wait_s: float = RECALL_WAIT_S,
-        show_after_s: float = SHOW_AFTER_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.poll_s, self.idle_s, self.recall_wait_s = poll_s, idle_s, recall_wait_s
-        self.show_after_s = show_after_s
-        self._to_show: set[Lease] = set()  # leases whose holds have been open show_after_s
-        self._shower: asyncio.Task[None] | None = None
-        self._stopping = False  # a hold left open past stop is not shown (storage closes)
         self.slots: dict[Slot, list[Lease]] = {}
         self._demand: dict[Slot, _Demand] = {}
         self._growing: dict[Slot, asyncio.Lock] = {}
@@ -213,9 +201,8 @@ class LeasedMeter(StorageMeter):
         self._keeper = asyncio.create_task(self._keep_forever())
 
     async def stop(self) -> None:
-        self._stopping = True
         with anyio.CancelScope(shield=True):
-            await stop_tasks(self._keeper, self._shower)
+            await stop_tasks(self._keeper)
             try:
                 await self.give_back(lambda lease: True)
             except Exception:
@@ -252,17 +239,12 @@ class LeasedMeter(StorageMeter):
             return await self._direct(project_id, key_id, amount)
         lease.held += amount
         self.open_holds += 1
-        hold = LeaseHold(f"{lease.record.id}:{next(self._holds)}", amount, lease)
-        hold.show_timer = asyncio.get_running_loop().call_later(
-            self.show_after_s, self._show, lease
-        )
-        return hold
+        return LeaseHold(f"{lease.record.id}:{next(self._holds)}", amount, lease)
 
     async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
         if not isinstance(reservation, LeaseHold):
             await super().settle(reservation, settlement)
             return
-        reservation.show_timer.cancel()
         lease = reservation.lease
         try:
             # The lease covers the cost; the request's own hold is checked here.
@@ -289,7 +271,6 @@ class LeasedMeter(StorageMeter):
         if not isinstance(reservation, LeaseHold):
             await super().release(reservation)
             return
-        reservation.show_timer.cancel()
         reservation.lease.held -= reservation.amount
         self.open_holds -= 1
         await self._unshow(reservation)
@@ -460,24 +441,6 @@ class LeasedMeter(StorageMeter):
         changed = [lease for lease in self._leases() if lease.unwritten]
         if changed:
             await self._write_in_use(changed)
-
-    def _show(self, lease: Lease) -> None:
-        """A hold of `lease` has been open `show_after_s`: write what the lease's requests
-        hold, in one write for every lease asked for meanwhile."""
-        if self._stopping:
-            return
-        self._to_show.add(lease)
-        if self._shower is None or self._shower.done():
-            self._shower = asyncio.create_task(self._show_asked())
-
-    async def _show_asked(self) -> None:
-        while self._to_show:
-            leases = list(self._to_show)
-            self._to_show.clear()
-            try:
-                await self._write_in_use(leases)
-            except Exception:
-                log.exception("could not show what leases hold; the housekeeping will")
 
     async def _write_in_use(self, leases: list[Lease]) -> None:
         """Write what requests hold of each lease, in a write that starts after this call:

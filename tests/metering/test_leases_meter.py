@@ -188,7 +188,7 @@ async def test_concurrent_give_backs_return_the_free_part_once(storage):
 async def test_a_watched_hold_is_direct_and_shown_at_once(storage):
     """A stream's client may read its project as soon as the first byte is out."""
     pid, kid = await funded(storage, 1_000_000)
-    meter = LeasedMeter(storage, show_after_s=10**6)  # the leased hold stays unshown
+    meter = LeasedMeter(storage)  # not started: no housekeeping turn shows the leased hold
     assert isinstance(await meter.reserve(pid, kid, 100), LeaseHold)  # writes idle: leased
     watched = await meter.reserve(pid, kid, 100, watched=True)
     assert isinstance(watched, ReservationRecord)
@@ -196,44 +196,9 @@ async def test_a_watched_hold_is_direct_and_shown_at_once(storage):
     await meter.stop()
 
 
-async def test_a_hold_open_for_a_few_milliseconds_shows_without_a_turn(storage):
-    """No housekeeping turn runs here (the meter is not started): the hold's own timer
-    shows it; one closed before its time costs no write."""
-    pid, kid = await funded(storage, 1_000_000)
-    meter = LeasedMeter(storage, show_after_s=0.05)
-    quick = await meter.reserve(pid, kid, 100)
-    await meter.release(quick)
-    slow = await meter.reserve(pid, kid, 100)
-    assert isinstance(slow, LeaseHold)
-    shown_within = None
-    started = asyncio.get_running_loop().time()
-    for _ in range(200):
-        await asyncio.sleep(0.005)
-        if (await storage.project_account(pid, current_month())).reserved == 100:
-            shown_within = asyncio.get_running_loop().time() - started
-            break
-    assert shown_within is not None and shown_within >= 0.05
-    assert slow.lease.writes == slow.writes + 1  # one write, for the slow hold only
-    await meter.settle(slow, settlement(40))
-    assert (await storage.project_account(pid, current_month())).reserved == 0
-    await meter.stop()
-
-
-async def test_a_hold_still_open_at_stop_is_not_shown_after(fresh_storage_url, caplog):
-    """Its timer fires after the meter and its storage closed: nothing to write to."""
-    storage = await open_storage(fresh_storage_url)
-    pid, kid = await funded(storage, 1_000_000)
-    meter = LeasedMeter(storage, show_after_s=0.02)
-    assert isinstance(await meter.reserve(pid, kid, 100), LeaseHold)
-    await meter.stop()
-    await storage.close()
-    await asyncio.sleep(0.05)
-    assert not [r for r in caplog.records if r.levelname == "ERROR"]
-
-
 async def test_holds_taken_from_a_lease_show_as_reserved_after_a_turn(storage):
     pid, kid = await funded(storage, 1_000_000)
-    meter = LeasedMeter(storage, show_after_s=10**6)  # only the turn shows them
+    meter = LeasedMeter(storage)
     holds = [await meter.reserve(pid, kid, 100) for _ in range(3)]
     granted = holds[0].lease.remaining
     account = await storage.project_account(pid, current_month())
@@ -257,7 +222,7 @@ async def test_a_hold_closed_while_a_turn_writes_it_stops_showing(storage):
     """The turn's write of `in_use` is in flight (it counts the hold) when the hold
     closes: once the close returns, the row no longer shows it."""
     pid, kid = await funded(storage, 1_000_000)
-    meter = LeasedMeter(storage, show_after_s=10**6)  # only the turn shows it
+    meter = LeasedMeter(storage)
     hold = await meter.reserve(pid, kid, 100)
     turn = asyncio.create_task(meter.keep())
     for _ in range(20):  # until the turn's write (in_use = 100) has started

@@ -90,11 +90,8 @@ class LeasesMachine(RuleBasedStateMachine):
 
     def new_meter(self, process: int) -> LeasedMeter:
         # Not started: the machine turns each one's housekeeping itself (below), so that
-        # every step ends with both processes at rest. For the same reason no timer shows
-        # an open hold: `keep` writes what the leases hold, as a show would.
-        meter = LeasedMeter(
-            self.handles[process], poll_s=0.001, idle_s=10**6, recall_wait_s=5, show_after_s=10**6
-        )
+        # every step ends with both processes at rest.
+        meter = LeasedMeter(self.handles[process], poll_s=0.001, idle_s=10**6, recall_wait_s=5)
         meter.owner = self.owner(process)
         return meter
 
