@@ -96,7 +96,8 @@ class Meter(Protocol):
         """Hold `amount` atomically against every limit, or raise BudgetExceeded /
         InsufficientBalance. `watched`: the client may read its project while the request
         runs (a stream, once its first byte is out), so the hold must show in `reserved`
-        by the time this returns; else a meter may show it a few milliseconds later."""
+        by the time this returns; else a meter may show it a little later (the leased
+        meter: within its housekeeping turn, 50 ms)."""
         ...
 
     async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
