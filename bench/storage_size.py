@@ -118,12 +118,15 @@ def drive(server: Server, key: str, db: Path, requests: int, connections: int, f
 
 
 @contextlib.contextmanager
-def metered_gateway(gateway: Path, folder: Path) -> Iterator[tuple[Server, str, Path]]:
+def metered_gateway(
+    gateway: Path, folder: Path, extra: str = ""
+) -> Iterator[tuple[Server, str, Path]]:
     """A mock upstream and a metered gateway in front of it on a fresh SQLite database in
-    `folder`: the gateway, its key and its database file; both stopped on the way out."""
+    `folder` (unless `extra`, config lines, names another storage): the gateway, its key and
+    its database file; both stopped on the way out."""
     servers = [start_mock(folder)]
     try:
-        server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True)
+        server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True, extra)
         servers.append(server)
         yield server, key, folder / "gw" / "gw.db"
     finally:
