@@ -399,6 +399,12 @@ class Storage(abc.ABC):
         process settled, when it has them."""
 
     @abc.abstractmethod
+    async def skip_unloggable(self, receipt_ids: list[str]) -> None:
+        """Receipts the log can never take (their public form does not validate): unlogged
+        no more, for every process, once the next receipt is logged, so that no follower
+        waits for them."""
+
+    @abc.abstractmethod
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:
         """Leaves logged before tiles, from index `start` on, in index order, at most
         `limit` of them (None: all)."""

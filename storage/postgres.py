@@ -945,6 +945,14 @@ class PostgresStorage(Storage):
             limit,
         )
 
+    async def skip_unloggable(self, receipt_ids: list[str]) -> None:
+        # The queue would hold them forever, ahead of every follower's look.
+        await self._run(
+            lambda c: c.execute(
+                "DELETE FROM log_pending WHERE receipt_id = ANY($1::text[])", receipt_ids
+            )
+        )
+
     async def log_leaves(self, start: int = 0, limit: int | None = None) -> list[LogLeaf]:
         return await self._all(
             _leaf,

@@ -800,6 +800,10 @@ class SQLiteStorage(Storage):
     async def unlogged_receipt_ids(self, limit: int) -> list[tuple[str, int]]:
         return [(row[0], row[1]) for row in await self._unlogged("v.id, v.created_at", limit)]
 
+    async def skip_unloggable(self, receipt_ids: list[str]) -> None:
+        """Nothing to write: unlogged receipts are those after the last logged one, so the
+        next receipt logged passes them."""
+
     async def _unlogged(
         self, columns: Literal["v.*", "v.id, v.created_at"], limit: int
     ) -> list[sqlite3.Row]:

@@ -298,7 +298,7 @@ class TransparencyLog:
             if not records:
                 return 0
             await self._catch_up()
-            entries, hashes = [], []
+            entries, hashes, unloggable = [], [], []
             for n, record in enumerate(records, 1):
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -306,13 +306,17 @@ class TransparencyLog:
                     receipt = public_receipt(record)
                 except msgspec.ValidationError as exc:
                     log.error("receipt %s cannot be logged: %s", record.id, exc)
-                    self._skipped.add(record.id)
-                    self._settled.pop(record.id, None)
+                    unloggable.append(record.id)
                     continue
                 entries.append(
                     LogEntry(leaf_index=self._edge.size + len(entries), receipt_id=record.id)
                 )
                 hashes.append(leaf_hash(canonical_bytes(receipt)))
+            if unloggable:
+                await self.storage.skip_unloggable(unloggable)
+                self._skipped.update(unloggable)
+                for receipt_id in unloggable:
+                    self._settled.pop(receipt_id, None)
             if not entries:
                 self._looked(waiting, len(records))
                 return len(records)

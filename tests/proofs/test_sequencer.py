@@ -317,6 +317,17 @@ async def test_only_the_sequencer_integrates_and_a_follower_serves_its_tree(two_
     assert integrations and all(integrations)
 
 
+async def test_a_follower_waits_for_no_receipt_the_sequencer_skipped(two_logs, settle_on):
+    sequencer, follower = two_logs
+    settle = await settle_on(sequencer.storage)
+    minute_ago = time.time_ns() // 1000 - 60_000_000
+    await settle(request_sha256="not a digest", created_at=minute_ago)  # never public
+    logged = await settle()
+    await proven(follower, logged.id)
+    await asyncio.sleep(3 * follower.follow_s)  # the follower has looked again since
+    assert follower.integration_lag_s < 5  # not the skipped receipt's minute
+
+
 @pytest.mark.postgres
 async def test_a_stale_sequencer_loses_its_append_and_steps_down(settle_on, fresh_postgres_url):
     async with logs_on(fresh_postgres_url) as two_logs:

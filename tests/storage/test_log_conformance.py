@@ -145,6 +145,18 @@ async def test_appended_entries_tiles_and_heads_read_back_and_leave_the_queue(st
     assert await storage.unlogged_receipts(10) == []
 
 
+async def test_a_receipt_skipped_as_unloggable_waits_for_no_one_once_the_next_is_logged(
+    storage,
+):
+    # The sequencer skips a receipt whose public form does not validate and logs the next:
+    # no process (a follower measuring the log's lag) may see the skipped one waiting.
+    skipped, logged = await issue(storage, 2)
+    await storage.skip_unloggable([skipped.id])
+    await storage.append_log_tiles(entries(0, [logged]), [tile(0, 0, hashes(1))], head(1))
+    assert await storage.unlogged_receipt_ids(10) == []
+    assert await storage.unlogged_receipts(10) == []
+
+
 async def test_an_append_that_reuses_an_index_is_refused_whole(storage):
     receipts = await issue(storage, 3)
     await storage.append_log_tiles(entries(0, receipts[:1]), [tile(0, 0, hashes(1))], head(1))
