@@ -522,12 +522,16 @@ class PostgresStorage(Storage):
         await self._run(lambda c: c.fetchval("SELECT 1"))
 
     async def checkpoint(self) -> None:
-        """Vacuum the churned tables when due, and check that the admin notifications still
-        arrive (a dead connection is noticed only when used): reconnect the listener if it
-        does not answer."""
+        """Check that the admin notifications still arrive, then vacuum the churned tables
+        when due."""
+        await self._check_listener()
         if time.monotonic() >= self._vacuum_due:
             self._vacuum_due = time.monotonic() + _VACUUM_EVERY_S
-            await self.vacuum()
+            await self._vacuum()
+
+    async def _check_listener(self) -> None:
+        """A dead connection is noticed only when used: reconnect the listener if it does
+        not answer."""
         listener = self._listener
         if listener is None:
             self._reconnect_soon()
@@ -542,13 +546,14 @@ class PostgresStorage(Storage):
                 self._listener = None
             self._reconnect_soon()
 
-    async def vacuum(self) -> None:
+    async def _vacuum(self) -> None:
         """Free the dead row versions of the tables each request churns. Autovacuum may be
         off, and by default it waits for a fifth of a table to be dead: the hold and log
         queue tables hold a few hundred live rows and gain thousands of dead ones a second,
         which every scan of them then steps over (the log's queue read took 1 ms after 3
-        minutes of load without a vacuum). SKIP_LOCKED: a table another instance (or
-        autovacuum) is vacuuming is left to it."""
+        minutes of load without a vacuum). Every instance vacuums; SKIP_LOCKED leaves a
+        table another instance (or autovacuum) is vacuuming to it. A role that does not own
+        the tables gets a warning from the server and relies on autovacuum."""
         tables = ", ".join(_CHURNED)
         await self._run(lambda c: c.execute(f"VACUUM (SKIP_LOCKED) {tables}"))
 
