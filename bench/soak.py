@@ -142,9 +142,10 @@ class PostgresDatabase:
                 " ORDER BY size DESC LIMIT 8"
             )
         )
+        mib = self.mib()
         lines = [
-            f"{receipts:,} receipts, database {self.mib():.1f} MiB:"
-            f" {self.mib() * 2**20 / per:.0f} bytes a request (PostgreSQL's pages and tuple"
+            f"{receipts:,} receipts, database {mib:.1f} MiB:"
+            f" {mib * 2**20 / per:.0f} bytes a request (PostgreSQL's pages and tuple"
             " headers; the 400-byte goal is measured on SQLite)\n",
             "| table (indexes and TOAST included) | bytes/request |",
             "|---|---:|",
