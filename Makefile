@@ -50,10 +50,12 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python scaleout.py --rounds 3 | tee -a results/latest.md
 
 # Issue 14's soak: 10 minutes of metered chat and chat stream, RSS and req/s per minute,
-# bytes per request at the end (`make soak MINUTES=2` for a short trial).
+# bytes per request at the end (`make soak MINUTES=2` for a short trial; `make soak
+# POSTGRES=postgresql://postgres@127.0.0.1:5432/postgres` on new PostgreSQL databases).
 MINUTES ?= 10
+POSTGRES ?=
 soak: $(STAMP)
-	$(BIN)/python bench/soak.py --minutes $(MINUTES)
+	$(BIN)/python bench/soak.py --minutes $(MINUTES) $(if $(POSTGRES),--postgres $(POSTGRES) --out bench/results/soak-postgres.md)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache dist build
