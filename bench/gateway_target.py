@@ -6,10 +6,12 @@ Follows /work/shared/spec/decisions.md: `gateway serve --config F`, then
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from procs import Server, StartError, free_port
@@ -185,3 +187,20 @@ def start_mock(folder: Path) -> Server:
     )
     mock.wait_healthy()
     return mock
+
+
+@contextlib.contextmanager
+def metered_gateway(
+    gateway: Path, folder: Path, extra: str = ""
+) -> Iterator[tuple[Server, str, Path]]:
+    """A mock upstream and a metered gateway in front of it on a fresh SQLite database in
+    `folder` (unless `extra`, config lines, names another storage): the gateway, its key and
+    its database file; both stopped on the way out."""
+    servers = [start_mock(folder)]
+    try:
+        server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True, extra)
+        servers.append(server)
+        yield server, key, folder / "gw" / "gw.db"
+    finally:
+        for running in reversed(servers):
+            running.stop()

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway_target import start_gateway, start_mock
+from gateway_target import metered_gateway
 from load import run_wrk
 from paired import SCENARIOS
 
@@ -37,28 +37,23 @@ def sampled(folder: Path, scenario: str, connections: int, seconds: int, extra: 
     kind = SCENARIOS[scenario]
     body = folder / "body.json"
     body.write_bytes(kind.data)
-    mock = start_mock(folder)
-    servers = [mock]
-    try:
-        gateway = Path(sys.executable).with_name("gateway")
-        server, key = start_gateway(gateway, folder / "gw", mock.url + "/v1", True, extra)
-        servers.append(server)
-        data = folder / "perf.data"
-        with (folder / "wrk.raw").open("w") as raw:
-            run_wrk(server.url + kind.path, connections, 2, "post.lua", [key, str(body)], raw)
-            perf = subprocess.Popen(
-                ["perf", "record", "-e", "cpu-clock", "-F", str(RATE_HZ), "-p",
-                 str(server.pid), "-o", str(data)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            result = run_wrk(
-                server.url + kind.path, connections, seconds, "post.lua", [key, str(body)], raw
-            )
-            perf.send_signal(signal.SIGINT)
-            perf.wait(60)
-    finally:
-        for running in reversed(servers):
-            running.stop()
+    data = folder / "perf.data"
+    gateway = Path(sys.executable).with_name("gateway")
+    with (
+        metered_gateway(gateway, folder, extra) as (server, key, _),
+        (folder / "wrk.raw").open("w") as raw,
+    ):
+        run_wrk(server.url + kind.path, connections, 2, "post.lua", [key, str(body)], raw)
+        perf = subprocess.Popen(
+            ["perf", "record", "-e", "cpu-clock", "-F", str(RATE_HZ), "-p", str(server.pid),
+             "-o", str(data)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        result = run_wrk(
+            server.url + kind.path, connections, seconds, "post.lua", [key, str(body)], raw
+        )
+        perf.send_signal(signal.SIGINT)
+        perf.wait(60)
     report = subprocess.run(
         ["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,sym"],
         capture_output=True, text=True, check=True,

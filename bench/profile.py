@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway_target import start_gateway, start_mock
+from gateway_target import metered_gateway
 from load import BENCH_DIR, run_wrk
 from paired import SCENARIOS
 
@@ -42,48 +42,19 @@ def main() -> None:
         folder = Path(tmp)
         body = folder / "body.json"
         body.write_bytes(kind.data)
-        mock = start_mock(folder)
-        servers = [mock]
-        try:
-            server, key = start_gateway(
-                args.gateway, folder / "gw", mock.url + "/v1", True, args.extra
-            )
-            servers.append(server)
-            with (folder / "wrk.raw").open("w") as raw:  # warm-up
-                run_wrk(
-                    server.url + kind.path, args.connections, 2, "post.lua", [key, str(body)], raw
-                )
-                spy = subprocess.Popen(
-                    [
-                        "py-spy",
-                        "record",
-                        "--pid",
-                        str(server.pid),
-                        "--rate",
-                        str(RATE),
-                        "--format",
-                        "raw",
-                        "--nonblocking",
-                        "--duration",
-                        str(args.seconds - 1),
-                        "-o",
-                        str(out),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                result = run_wrk(
-                    server.url + kind.path,
-                    args.connections,
-                    args.seconds,
-                    "post.lua",
-                    [key, str(body)],
-                    raw,
-                )
-                spy.wait(60)
-        finally:
-            for server in reversed(servers):
-                server.stop()
+        with (
+            metered_gateway(args.gateway, folder, args.extra) as (server, key, _),
+            (folder / "wrk.raw").open("w") as raw,
+        ):
+            url = server.url + kind.path
+            run_wrk(url, args.connections, 2, "post.lua", [key, str(body)], raw)  # warm-up
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(server.pid), "--rate", str(RATE), "--format",
+                 "raw", "--nonblocking", "--duration", str(args.seconds - 1), "-o", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            result = run_wrk(url, args.connections, args.seconds, "post.lua", [key, str(body)], raw)
+            spy.wait(60)
     report(out, result.requests, result.rps, args.top)
 
 

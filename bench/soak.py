@@ -41,11 +41,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import asyncpg
+from gateway_target import metered_gateway
 from load import BENCH_DIR, WRK_THREADS, wrk_version
 from procs import Server, StartError, memory_kib
 from run import CHAT, CHAT_STREAM, log
 from scaleout import database
-from storage_size import GOAL_BYTES, checkpoint, measure, metered_gateway
+from storage_size import GOAL_BYTES, checkpoint, measure
 from storage_size import render as render_size
 
 CONNECTIONS = 32

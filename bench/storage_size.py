@@ -15,17 +15,15 @@ Goal (issue 14): at most 400 bytes a request, indexes included.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway_target import start_gateway, start_mock
+from gateway_target import metered_gateway
 from load import run_wrk, wrk_version
 from procs import Server, StartError
 from run import CHAT, CHAT_STREAM, log
@@ -115,23 +113,6 @@ def drive(server: Server, key: str, db: Path, requests: int, connections: int, f
     deadline = time.monotonic() + 30
     while (counts := logged(db))[1] < counts[0] and time.monotonic() < deadline:
         time.sleep(0.5)  # the log appends within about 250 ms
-
-
-@contextlib.contextmanager
-def metered_gateway(
-    gateway: Path, folder: Path, extra: str = ""
-) -> Iterator[tuple[Server, str, Path]]:
-    """A mock upstream and a metered gateway in front of it on a fresh SQLite database in
-    `folder` (unless `extra`, config lines, names another storage): the gateway, its key and
-    its database file; both stopped on the way out."""
-    servers = [start_mock(folder)]
-    try:
-        server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True, extra)
-        servers.append(server)
-        yield server, key, folder / "gw" / "gw.db"
-    finally:
-        for running in reversed(servers):
-            running.stop()
 
 
 def main() -> int:
