@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps.sh
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml storage/_batch.c
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
