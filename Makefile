@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps.sh
 
-$(STAMP): pyproject.toml storage/_batch.c
+# System packages first: the install compiles storage/_batch.c (gcc, libsqlite3-dev).
+$(STAMP): pyproject.toml storage/_batch.c | system-deps
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

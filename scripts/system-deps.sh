@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the sandbox node, the console's browser tests and the
-# deployment recipe's test need, only when one is missing.
+# Installs the Debian packages the sandbox node, the console's browser tests, the
+# deployment recipe's test and the install itself (the group commit's C extension,
+# storage/_batch.c) need, only when one is missing.
 # Idempotent; never fails the build: without root or apt-get it prints a warning,
 # and the node's health endpoint reports the missing isolation layer instead.
 set -u
@@ -12,9 +13,10 @@ declare -A NEEDED=(
     [setpriv]=util-linux
     [chromium]=chromium     # console browser tests (Playwright drives it; nothing downloaded)
     [haproxy]=haproxy       # scripts/deploy/haproxy.cfg, run by tests/scaleout/test_deployment_recipe.py
+    [gcc]=gcc               # builds storage/_batch.c at install
 )
-# libseccomp2 is a library, not a command: checked through dpkg.
-LIBS=(libseccomp2)
+# Libraries and headers, not commands: checked through dpkg.
+LIBS=(libseccomp2 libsqlite3-dev)  # libsqlite3-dev: sqlite3.h for storage/_batch.c
 
 missing=()
 for cmd in "${!NEEDED[@]}"; do
@@ -28,7 +30,7 @@ done
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2, chromium, haproxy)"
+    echo "system-deps: all present (bubblewrap, util-linux, libseccomp2, chromium, haproxy, gcc, libsqlite3-dev)"
     exit 0
 fi
 
