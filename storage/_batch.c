@@ -45,10 +45,15 @@ typedef struct {
     sqlite3_int64 rowcount;
 } Write;
 
+/* Prepared statements kept at most (Python's sqlite3 keeps 128): the cache starts over
+   past this, before a batch, so a statement in use is never finalized. */
+#define STATEMENTS_KEPT 256
+
 typedef struct {
     PyObject_HEAD
     sqlite3 *db;
     PyObject *statements; /* sql -> capsule of its prepared statement */
+    int running;          /* a batch runs: the connection has no mutex of its own */
 } Writer;
 
 static void finalize_statement(PyObject *capsule) {
@@ -336,6 +341,11 @@ static PyObject *Writer_run(Writer *self, PyObject *batch) {
         return PyErr_Format(PyExc_ValueError, "the writer is closed");
     if (!PyList_Check(batch))
         return PyErr_Format(PyExc_TypeError, "a batch is a list");
+    if (self->running)
+        return PyErr_Format(PyExc_ValueError, "a batch is already running");
+    if (PyDict_GET_SIZE(self->statements) > STATEMENTS_KEPT)
+        PyDict_Clear(self->statements);
+    self->running = 1;
     Py_ssize_t count = PyList_GET_SIZE(batch), nsteps = steps_needed(batch), used = 0;
     Write *writes = PyMem_Calloc(count + 1, sizeof(Write));
     Step *steps = PyMem_Calloc(nsteps + 1, sizeof(Step));
@@ -377,10 +387,13 @@ done:
         PyMem_Free(steps[s].values);
     PyMem_Free(writes);
     PyMem_Free(steps);
+    self->running = 0;
     return result;
 }
 
 static PyObject *Writer_close(Writer *self, PyObject *unused) {
+    if (self->running)
+        return PyErr_Format(PyExc_ValueError, "a batch is running");
     PyDict_Clear(self->statements); /* finalizes them, before the connection closes */
     if (self->db) {
         sqlite3_close(self->db);

@@ -133,3 +133,18 @@ async def test_text_and_blobs_round_trip_byte_for_byte(tmp_path):
     with sqlite3.connect(tmp_path / "native.db") as conn:
         row = conn.execute("SELECT name, data, x FROM t WHERE id = 50").fetchone()
     assert row == (name, data, -0.25)
+
+
+BUMP = "UPDATE t SET n = n + ? WHERE id = 1 -- distinct text: "
+
+
+async def test_many_distinct_statements_keep_working_past_the_statement_cache(tmp_path):
+    writer = await native_writer(tmp_path)
+    for i in range(600):  # the cache starts over past 256 statements, between batches
+        await asyncio.gather(
+            writer.execute(BUMP + str(i), (1,)),
+            writer.execute(BUMP + str(i % 7), (2,)),
+        )
+    await writer.close()
+    with sqlite3.connect(tmp_path / "native.db") as conn:
+        assert conn.execute("SELECT n FROM t WHERE id = 1").fetchone() == (1 + 600 * 3,)
