@@ -12,10 +12,11 @@ another without a gap.
 The batch runs on the event loop itself, in C (storage/_batch.c, its `Writer`): the values
 are copied while the GIL is held, then BEGIN, the statements and COMMIT run with it
 released, once. Through Python's sqlite3 module every statement gave the GIL up and took
-it back around its step, letting aiosqlite's reading thread in each time; paired against
-that, 1.13-1.14x req/s at 32 connections (README, Speed). A hop to a worker thread and
-back measured 200-350 us on the 2-core machines we run on, and running the C batches on a
-thread of their own measured below running them on the loop. The loop never waits on a
+it back around its step, letting aiosqlite's reading thread in each time; against that,
+0.951x the event loop's instructions a request at 32 requests at a time (README, Speed).
+A hop to a worker thread and back measured 200-350 us on the 2-core machines we run on,
+and running the C batches on a thread of their own measured below running them on the
+loop. The loop never waits on a
 lock: the connection's busy timeout is 0,
 and a batch that finds the database locked (the CLI, an admin transaction) backs off
 asynchronously and is retried whole; nothing of it ran. After the storage's busy timeout
