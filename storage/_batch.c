@@ -7,11 +7,14 @@ were the largest part of a metered request. Here the values are copied into C wh
 GIL is held, then BEGIN, every statement and COMMIT run without it, and the outcomes are
 built once the GIL is back: the event loop goes on meanwhile on the other core.
 
-Semantics are storage/group_commit.py's: an error that belongs to one statement (a
-constraint, a trigger's abort, a type mismatch, a value too big, a bad parameter count)
-undoes that statement only (a unit of several statements, all of them, through a
-savepoint) and is that write's outcome; any other error rolls the batch back and is
-reported for the whole batch. The module knows nothing of Python's sqlite3 exceptions:
+Semantics are storage/group_commit.py's, and Python's sqlite3 module's: an error that
+belongs to one statement (a constraint, a trigger's abort, a type mismatch, a value too
+big, a bad parameter count, SQL that is not one statement) is that write's outcome, and
+SQLite's conflict resolution says what it undid (ABORT, the default: that statement; a
+unit of several statements is undone whole through a savepoint); an error that ended the
+transaction (RAISE(ROLLBACK), OR ROLLBACK), or any other error, rolls the batch back and
+is reported for the whole batch. Every value bound and every statement run is held by a
+reference while the GIL is released, whatever Python code runs meanwhile. The module knows nothing of Python's sqlite3 exceptions:
 outcomes are rowcounts or (code, extended code, message) tuples, turned into exceptions by
 group_commit.py. */
 
@@ -26,12 +29,15 @@ typedef struct {
     int type;
     sqlite3_int64 i;
     double d;
-    const char *p; /* text or blob: borrowed from a Python object the batch keeps alive */
+    const char *p; /* text or blob, inside `owner` */
     Py_ssize_t n;
+    PyObject *owner; /* a reference held while the GIL is released, whatever Python does */
 } Value;
 
 typedef struct {
-    sqlite3_stmt *stmt; /* borrowed from the writer's statement cache */
+    PyObject *capsule; /* its prepared statement, held: a cache cleared meanwhile spares it */
+    sqlite3_stmt *stmt;
+    int dml;           /* its rowcount is SQLite's count of changes (else -1, as sqlite3) */
     Py_ssize_t rows, width;
     Value *values; /* rows * width */
 } Step;
@@ -83,17 +89,32 @@ static PyObject *sqlite_failure(sqlite3 *db, int code) {
     return batch_failure(code, sqlite3_errmsg(db));
 }
 
-static sqlite3_stmt *prepared(Writer *self, PyObject *sql) {
+/* Whether Python's sqlite3 (3.11) counts the statement's changes as its rowcount. */
+static int is_dml(const char *sql) {
+    while (*sql == ' ' || *sql == '\t' || *sql == '\r' || *sql == '\n')
+        sql++;
+    return PyOS_strnicmp(sql, "insert", 6) == 0 || PyOS_strnicmp(sql, "update", 6) == 0 ||
+           PyOS_strnicmp(sql, "delete", 6) == 0 || PyOS_strnicmp(sql, "replace", 7) == 0;
+}
+
+/* The statement's cached capsule (a new reference), prepared on first use. A failure to
+   prepare is the batch's (RuntimeError); SQL that is not one statement is the write's
+   (ValueError), as sqlite3's ProgrammingError was. */
+static PyObject *prepared(Writer *self, PyObject *sql) {
     PyObject *capsule = PyDict_GetItemWithError(self->statements, sql);
     if (capsule)
-        return PyCapsule_GetPointer(capsule, "stmt");
+        return Py_NewRef(capsule);
     if (PyErr_Occurred())
         return NULL;
     Py_ssize_t size;
     const char *text = PyUnicode_AsUTF8AndSize(sql, &size);
     if (!text)
         return NULL;
-    sqlite3_stmt *stmt = NULL;
+    if ((size_t)size != strlen(text)) {
+        PyErr_SetString(PyExc_ValueError, "the query contains a null character");
+        return NULL;
+    }
+    sqlite3_stmt *stmt = NULL, *rest = NULL;
     const char *tail = NULL;
     int rc = sqlite3_prepare_v3(self->db, text, (int)size + 1, SQLITE_PREPARE_PERSISTENT, &stmt,
                                 &tail);
@@ -101,22 +122,23 @@ static sqlite3_stmt *prepared(Writer *self, PyObject *sql) {
         sqlite_failure(self->db, rc);
         return NULL;
     }
-    while (tail && (*tail == ' ' || *tail == '\n' || *tail == '\t' || *tail == ';'))
-        tail++;
-    if (!stmt || (tail && *tail)) {
+    /* What follows the statement may only be blanks and comments: preparing it gives none. */
+    if (stmt && tail && *tail)
+        rc = sqlite3_prepare_v2(self->db, tail, -1, &rest, NULL);
+    if (!stmt || rc != SQLITE_OK || rest) {
         sqlite3_finalize(stmt);
-        PyErr_SetString(PyExc_ValueError, "one statement a write");
+        sqlite3_finalize(rest);
+        PyErr_SetString(PyExc_ValueError, "You can only execute one statement at a time.");
         return NULL;
     }
     capsule = PyCapsule_New(stmt, "stmt", finalize_statement);
-    if (!capsule || PyDict_SetItem(self->statements, sql, capsule) < 0) {
-        if (!capsule)
-            sqlite3_finalize(stmt);
-        Py_XDECREF(capsule);
+    if (!capsule) {
+        sqlite3_finalize(stmt);
         return NULL;
     }
-    Py_DECREF(capsule);
-    return stmt;
+    if (PyDict_SetItem(self->statements, sql, capsule) < 0)
+        Py_CLEAR(capsule);
+    return capsule;
 }
 
 /* Copies one parameter; on failure sets a Python exception (this write's outcome). */
@@ -140,10 +162,14 @@ static int copy_value(PyObject *obj, Value *v, Py_ssize_t position) {
         v->p = PyUnicode_AsUTF8AndSize(obj, &v->n);
         if (!v->p)
             return -1;
-    } else if (PyBytes_Check(obj)) {
+        v->owner = Py_NewRef(obj);
+    } else if (PyObject_CheckBuffer(obj)) { /* bytes, bytearray, memoryview: a BLOB */
+        v->owner = PyBytes_FromObject(obj); /* a copy a resized bytearray cannot move */
+        if (!v->owner)
+            return -1;
         v->type = V_BLOB;
-        v->p = PyBytes_AS_STRING(obj);
-        v->n = PyBytes_GET_SIZE(obj);
+        v->p = PyBytes_AS_STRING(v->owner);
+        v->n = PyBytes_GET_SIZE(v->owner);
     } else {
         PyErr_Format(PyExc_TypeError, "Error binding parameter %zd: type '%s' is not supported",
                      position + 1, Py_TYPE(obj)->tp_name);
@@ -152,17 +178,20 @@ static int copy_value(PyObject *obj, Value *v, Py_ssize_t position) {
     return 0;
 }
 
-/* The values of `rows` (a list of tuples) for `stmt`, into `step`. */
-static int copy_rows(sqlite3_stmt *stmt, PyObject *rows, Step *step) {
-    step->stmt = stmt;
+/* The values of `rows` (a list of tuples) into `step`, whose statement is set. */
+static int copy_rows(PyObject *rows, Step *step) {
     step->rows = PyList_GET_SIZE(rows);
-    step->width = sqlite3_bind_parameter_count(stmt);
+    step->width = sqlite3_bind_parameter_count(step->stmt);
     step->values = PyMem_Calloc(step->rows * step->width + 1, sizeof(Value));
     if (!step->values) {
         PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t r = 0; r < step->rows; r++) {
+        if (r >= PyList_GET_SIZE(rows)) { /* shortened by Python code run meanwhile */
+            step->rows = r;
+            break;
+        }
         PyObject *row = PyList_GET_ITEM(rows, r);
         if (!PyTuple_Check(row)) {
             PyErr_SetString(PyExc_TypeError, "parameters are a tuple");
@@ -203,11 +232,13 @@ static int bind_row(sqlite3_stmt *stmt, const Value *values, Py_ssize_t width) {
 static int run_step(sqlite3 *db, Step *step, sqlite3_int64 *changes) {
     for (Py_ssize_t r = 0; r < step->rows; r++) {
         int rc = bind_row(step->stmt, &step->values[r * step->width], step->width);
-        while (rc == SQLITE_OK && (rc = sqlite3_step(step->stmt)) == SQLITE_ROW)
-            ;
+        if (rc == SQLITE_OK)
+            do /* the rows of a RETURNING clause are not kept, as by sqlite3's rowcount */
+                rc = sqlite3_step(step->stmt);
+            while (rc == SQLITE_ROW);
         if (rc == SQLITE_DONE) {
             rc = SQLITE_OK;
-            *changes = sqlite3_changes64(db);
+            *changes = step->dml ? sqlite3_changes64(db) : -1;
         } else {
             rc = sqlite3_extended_errcode(db);
         }
@@ -228,7 +259,7 @@ static int exec(sqlite3 *db, const char *sql) {
 static int run_writes(sqlite3 *db, Write *writes, Py_ssize_t count, Step *steps, char **message) {
     int rc = exec(db, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK)
-        return rc;
+        goto failed;
     for (Py_ssize_t w = 0; w < count; w++) {
         Write *write = &writes[w];
         if (write->error)
@@ -243,6 +274,8 @@ static int run_writes(sqlite3 *db, Write *writes, Py_ssize_t count, Step *steps,
             write->code = rc & 0xff;
             write->xcode = rc;  /* extended result codes are on */
             write->message = sqlite3_mprintf("%s", sqlite3_errmsg(db));
+            if (sqlite3_get_autocommit(db)) /* RAISE(ROLLBACK), OR ROLLBACK: the batch is undone */
+                goto failed;
             if (write->unit && (rc = exec(db, "ROLLBACK TO unit")) != SQLITE_OK)
                 goto failed;
         }
@@ -262,53 +295,61 @@ failed:
     return rc;
 }
 
+/* Moves a pending exception into the write's outcome, if it is one that belongs to the
+   write (a value or SQL it cannot run); 0 then, else -1 (the batch fails). */
+static int write_failed(Write *write) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError) && !PyErr_ExceptionMatches(PyExc_TypeError) &&
+        !PyErr_ExceptionMatches(PyExc_ValueError))
+        return -1;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    write->error = value;
+    return 0;
+}
+
 /* Copies one write: a statement and its parameter tuple, or a unit: a list of
-   (statement, list of parameter tuples). A value that cannot be bound becomes its outcome. */
-static int copy_write(Writer *self, PyObject *item, Write *write, Step *steps, Py_ssize_t *used) {
+   (statement, list of parameter tuples). At most `capacity` steps in all. */
+static int copy_write(Writer *self, PyObject *item, Write *write, Step *steps, Py_ssize_t *used,
+                      Py_ssize_t capacity) {
     PyObject *sql, *params;
     if (!PyArg_ParseTuple(item, "UO", &sql, &params))
         return -1;
     write->unit = PyList_Check(params);
     write->first = *used;
-    PyObject *unit = write->unit ? params : NULL;
-    Py_ssize_t n = unit ? PyList_GET_SIZE(unit) : 1;
+    Py_ssize_t n = write->unit ? PyList_GET_SIZE(params) : 1;
     for (Py_ssize_t s = 0; s < n; s++) {
         PyObject *stmt_sql = sql, *rows = NULL;
-        if (unit && !PyArg_ParseTuple(PyList_GET_ITEM(unit, s), "UO!", &stmt_sql, &PyList_Type, &rows))
+        if (write->unit) {
+            if (s >= PyList_GET_SIZE(params)) /* shortened by Python code run meanwhile */
+                break;
+            if (!PyArg_ParseTuple(PyList_GET_ITEM(params, s), "UO!", &stmt_sql, &PyList_Type, &rows))
+                return -1;
+        } else if (!PyTuple_Check(params)) {
+            PyErr_SetString(PyExc_TypeError, "parameters are a tuple");
             return -1;
-        sqlite3_stmt *stmt = prepared(self, stmt_sql);
-        if (!stmt)
-            return -1; /* as a statement that cannot be prepared fails the batch */
+        }
+        if (*used >= capacity) {
+            PyErr_SetString(PyExc_SystemError, "a unit grew while the batch was copied");
+            return -1;
+        }
         Step *step = &steps[(*used)++];
-        int copied;
-        if (rows) {
-            copied = copy_rows(stmt, rows, step);
-        } else {
-            if (!PyTuple_Check(params)) {
-                PyErr_SetString(PyExc_TypeError, "parameters are a tuple");
-                return -1;
-            }
-            PyObject *one = PyList_New(1);
-            if (!one)
-                return -1;
-            Py_INCREF(params);
-            PyList_SET_ITEM(one, 0, params);
-            copied = copy_rows(stmt, one, step);
-            Py_DECREF(one); /* the tuple stays alive in the batch */
-        }
-        if (copied < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError) &&
-                !PyErr_ExceptionMatches(PyExc_TypeError) &&
-                !PyErr_ExceptionMatches(PyExc_ValueError))
-                return -1;
-            PyObject *type, *value, *traceback;
-            PyErr_Fetch(&type, &value, &traceback);
-            PyErr_NormalizeException(&type, &value, &traceback);
-            Py_XDECREF(type);
-            Py_XDECREF(traceback);
-            write->error = value;
-            return 0;
-        }
+        step->capsule = prepared(self, stmt_sql);
+        if (!step->capsule)
+            return write_failed(write);
+        step->stmt = PyCapsule_GetPointer(step->capsule, "stmt");
+        step->dml = is_dml(PyUnicode_AsUTF8(stmt_sql));
+        PyObject *one = rows ? Py_NewRef(rows) : PyList_New(1);
+        if (!one)
+            return -1;
+        if (!rows)
+            PyList_SET_ITEM(one, 0, Py_NewRef(params));
+        int copied = copy_rows(one, step);
+        Py_DECREF(one); /* every value copied holds what it points into */
+        if (copied < 0)
+            return write_failed(write);
         write->steps++;
     }
     return 0;
@@ -331,8 +372,11 @@ static PyObject *outcome(Write *write) {
         write->error = NULL;
         return error;
     }
-    if (write->code)
-        return Py_BuildValue("(iis)", write->code, write->xcode, write->message ? write->message : "");
+    if (write->code) {
+        const char *message = write->message ? write->message : "";
+        return Py_BuildValue("(iiN)", write->code, write->xcode,
+                             PyUnicode_DecodeUTF8(message, strlen(message), "replace"));
+    }
     return PyLong_FromLongLong(write->rowcount);
 }
 
@@ -354,10 +398,15 @@ static PyObject *Writer_run(Writer *self, PyObject *batch) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_INCREF(batch); /* its values are borrowed while the GIL is released */
-    for (Py_ssize_t w = 0; w < count; w++)
-        if (copy_write(self, PyList_GET_ITEM(batch, w), &writes[w], steps, &used) < 0)
+    Py_INCREF(batch);
+    for (Py_ssize_t w = 0; w < count; w++) {
+        if (w >= PyList_GET_SIZE(batch)) { /* shortened by Python code run meanwhile */
+            count = w;
+            break;
+        }
+        if (copy_write(self, PyList_GET_ITEM(batch, w), &writes[w], steps, &used, nsteps) < 0)
             goto release;
+    }
     int rc;
     char *message = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -383,8 +432,12 @@ done:
         Py_XDECREF(writes[w].error);
         sqlite3_free(writes[w].message);
     }
-    for (Py_ssize_t s = 0; steps && s < used; s++)
+    for (Py_ssize_t s = 0; steps && s < used; s++) {
+        for (Py_ssize_t v = 0; steps[s].values && v < steps[s].rows * steps[s].width; v++)
+            Py_XDECREF(steps[s].values[v].owner);
         PyMem_Free(steps[s].values);
+        Py_XDECREF(steps[s].capsule);
+    }
     PyMem_Free(writes);
     PyMem_Free(steps);
     self->running = 0;
@@ -394,7 +447,8 @@ done:
 static PyObject *Writer_close(Writer *self, PyObject *unused) {
     if (self->running)
         return PyErr_Format(PyExc_ValueError, "a batch is running");
-    PyDict_Clear(self->statements); /* finalizes them, before the connection closes */
+    if (self->statements)
+        PyDict_Clear(self->statements); /* finalizes them, before the connection closes */
     if (self->db) {
         sqlite3_close(self->db);
         self->db = NULL;
@@ -407,6 +461,10 @@ static int Writer_init(Writer *self, PyObject *args, PyObject *kwargs) {
     PyObject *pragmas;
     if (!PyArg_ParseTuple(args, "sO!", &path, &PyTuple_Type, &pragmas))
         return -1;
+    if (self->statements) {
+        PyErr_SetString(PyExc_RuntimeError, "the writer is open already");
+        return -1;
+    }
     self->statements = PyDict_New();
     if (!self->statements)
         return -1;

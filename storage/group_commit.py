@@ -113,7 +113,7 @@ class GroupCommitWriter:
                 return [_outcome(outcome) for outcome in self._native.run(batch)]
             except RuntimeError as exc:
                 error = _sqlite_error(*exc.args)
-                if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                if exc.args[0] != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                     raise error from None
             await asyncio.sleep(BUSY_RETRY_S)
 
@@ -131,7 +131,7 @@ def _outcome(outcome: object) -> Outcome[int]:
         return outcome
     if isinstance(outcome, tuple):  # (code, extended code, message): one statement's error
         return _sqlite_error(*outcome)
-    if isinstance(outcome, OverflowError):
+    if isinstance(outcome, OverflowError | UnicodeEncodeError):  # as sqlite3 raises them
         return outcome
     assert isinstance(outcome, Exception)  # a value that could not be bound
     return sqlite3.ProgrammingError(str(outcome))

@@ -9,6 +9,7 @@ import sqlite3
 
 import pytest
 
+from model_gateway.storage._batch import Writer
 from model_gateway.storage.group_commit import GroupCommitWriter
 
 SCHEMA = """
@@ -16,6 +17,8 @@ CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
                 n INTEGER CHECK (n >= 0), data BLOB, x REAL);
 CREATE TRIGGER no_forbidden BEFORE INSERT ON t WHEN NEW.name = 'forbidden'
 BEGIN SELECT RAISE(ABORT, 'name_forbidden'); END;
+CREATE TRIGGER rolls_back BEFORE INSERT ON t WHEN NEW.name = 'roll back'
+BEGIN SELECT RAISE(ROLLBACK, 'rolled_back'); END;
 INSERT INTO t (id, name, n) VALUES (1, 'taken', 1);
 """
 INSERT = "INSERT INTO t (id, name, n, data, x) VALUES (?, ?, ?, ?, ?)"
@@ -32,6 +35,9 @@ FAILING = [
     pytest.param(INSERT, (2, "b", {}, None, None), id="unsupported-type"),
     pytest.param(INSERT, (2, "b"), id="too-few-parameters"),
     pytest.param(INSERT, (2, "b", 0, None, None, 7), id="too-many-parameters"),
+    pytest.param(INSERT, (2, "\ud800", 0, None, None), id="surrogate-in-text"),
+    pytest.param(INSERT + "; SELECT 1", (2, "b", 0, None, None), id="two-statements"),
+    pytest.param(INSERT + "\x00", (2, "b", 0, None, None), id="nul-in-sql"),
 ]
 
 
@@ -81,7 +87,11 @@ async def test_rowcounts_are_those_of_sqlite3(tmp_path, reference):
     statements = [
         ("UPDATE t SET n = n + 1 WHERE id >= ?", (0,)),
         ("UPDATE t SET n = n + 1 WHERE id = ?", (99,)),
+        ("CREATE TABLE IF NOT EXISTS other (a)", ()),  # not DML: -1, not the last count
         ("DELETE FROM t WHERE name = ?", ("taken",)),
+        (INSERT + "; -- a comment after the statement", (60, "c", 0, None, None)),
+        ("INSERT INTO t (id, name, data) VALUES (?, ?, ?)", (61, "d", bytearray(b"\x01\x02"))),
+        ("INSERT INTO t (id, name, data) VALUES (?, ?, ?)", (62, "e", memoryview(b"\x03"))),
     ]
     writer = await native_writer(tmp_path)
     for sql, params in statements:
@@ -148,3 +158,53 @@ async def test_many_distinct_statements_keep_working_past_the_statement_cache(tm
     await writer.close()
     with sqlite3.connect(tmp_path / "native.db") as conn:
         assert conn.execute("SELECT n FROM t WHERE id = 1").fetchone() == (1 + 600 * 3,)
+
+
+async def test_a_statement_that_ends_the_transaction_fails_the_whole_batch(tmp_path):
+    writer = await native_writer(tmp_path)
+    outcomes = await asyncio.gather(
+        writer.execute(INSERT, (70, "before", 0, None, None)),
+        writer.execute(INSERT, (71, "roll back", 0, None, None)),  # RAISE(ROLLBACK)
+        writer.execute(INSERT, (72, "after", 0, None, None)),
+        return_exceptions=True,
+    )
+    await writer.close()
+    assert [type(o) for o in outcomes] == [sqlite3.IntegrityError] * 3
+    assert all(o.sqlite_errorname == "SQLITE_CONSTRAINT_TRIGGER" for o in outcomes)
+    with sqlite3.connect(tmp_path / "native.db") as conn:  # nothing of it committed
+        assert conn.execute("SELECT count(*) FROM t WHERE id >= 70").fetchone() == (0,)
+
+
+async def test_a_returning_clause_neither_fails_the_batch_nor_keeps_its_rows(tmp_path):
+    writer = await native_writer(tmp_path)
+    returned, after = await asyncio.gather(
+        writer.execute(INSERT + " RETURNING id", (80, "r", 0, None, None)),
+        writer.execute(INSERT, (81, "s", 0, None, None)),
+    )
+    await writer.close()
+    assert (returned, after) == (1, 1)
+
+
+def test_a_writer_that_never_opened_is_freed_without_harm():
+    with pytest.raises(TypeError):
+        Writer(1, 2)
+    Writer.__new__(Writer).close()
+
+
+def test_python_code_run_while_a_batch_is_copied_cannot_overrun_it(tmp_path):
+    """A str subclass runs Python code when the statement cache hashes it: here, code that
+    lengthens a unit further in the batch, after the batch's steps were counted. The batch
+    fails; nothing is written past the end of what was counted."""
+    sqlite3.connect(tmp_path / "w.db").executescript(SCHEMA)
+    writer = Writer(str(tmp_path / "w.db"), ())
+    unit = [(INSERT, [(89, "g", 0, None, None)])]
+
+    class Growing(str):
+        def __hash__(self):
+            unit.extend((INSERT, [(90 + i, "g", 0, None, None)]) for i in range(50))
+            return str.__hash__(self)
+
+    with pytest.raises(SystemError, match="grew"):
+        writer.run([(Growing(INSERT), (87, "f", 0, None, None)), ("-- unit", unit)])
+    assert writer.run([(INSERT, (88, "h", 0, None, None))]) == [1]
+    writer.close()
