@@ -1,11 +1,12 @@
 /* One group-committed batch of SQLite writes, run with the GIL released.
 
-Why native: run through Python's sqlite3 module, each statement takes and gives back the
-GIL around its step, so a batch on a worker thread passed the GIL back and forth with the
-event loop dozens of times (measured 0.80-0.85x req/s), and on the loop its statements
-were the largest part of a metered request. Here the values are copied into C while the
-GIL is held, then BEGIN, every statement and COMMIT run without it, and the outcomes are
-built once the GIL is back: the event loop goes on meanwhile on the other core.
+Why native: through Python's sqlite3 module, each statement gives the GIL up and takes it
+back around its step, and each time another thread (aiosqlite's reader) could take it and
+hold up the event loop that runs the batch. Here the values are copied into C while the
+GIL is held, then BEGIN, every statement and COMMIT run without it, once, and the outcomes
+are built once the GIL is back: 0.951x the event loop's instructions a metered request
+(README, Speed). The batch still runs on the event loop's thread: on a thread of its own
+it measured slower (the loop slept and woke around every commit).
 
 Semantics are storage/group_commit.py's, and Python's sqlite3 module's: an error that
 belongs to one statement (a constraint, a trigger's abort, a type mismatch, a value too

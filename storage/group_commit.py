@@ -16,19 +16,20 @@ it back around its step, letting aiosqlite's reading thread in each time; agains
 0.951x the event loop's instructions a request at 32 requests at a time (README, Speed).
 A hop to a worker thread and back measured 200-350 us on the 2-core machines we run on,
 and running the C batches on a thread of their own measured below running them on the
-loop. The loop never waits on a
-lock: the connection's busy timeout is 0,
-and a batch that finds the database locked (the CLI, an admin transaction) backs off
-asynchronously and is retried whole; nothing of it ran. After the storage's busy timeout
-it gives up: every write of the batch fails with the SQLITE_BUSY error, so no caller waits
-forever and a settlement's hold stays open for its owner to release. (A write queued
-while a batch waits joins the next batch, with a deadline of its own: it may wait up to
-twice the timeout.) WAL checkpoints, the
-only writes that fsync, are left to `checkpoint()` on another thread (autocheckpoint is
-off here).
+loop.
+
+The loop never waits on a lock: the connection's busy timeout is 0, and a batch that
+finds the database locked (the CLI, an admin transaction) backs off asynchronously and is
+retried whole; nothing of it ran. After the storage's busy timeout it gives up: every
+write of the batch fails with the SQLITE_BUSY error, so no caller waits forever and a
+settlement's hold stays open for its owner to release. (A write queued while a batch
+waits joins the next batch, with a deadline of its own: it may wait up to twice the
+timeout.) WAL checkpoints, the only writes that fsync, are left to `checkpoint()` on
+another thread (autocheckpoint is off here).
 
 An error that belongs to one statement (a constraint, a trigger's abort, a value SQLite
-cannot bind) is that write's outcome alone; any other error fails the whole batch, which
+cannot bind) is that write's outcome alone, as Python's sqlite3 would raise it; an error
+that ended the transaction (RAISE(ROLLBACK)), or any other, fails the whole batch, which
 then ran not at all.
 """
 
@@ -111,10 +112,9 @@ class GroupCommitWriter:
         while True:
             try:
                 return [_outcome(outcome) for outcome in self._native.run(batch)]
-            except RuntimeError as exc:
-                error = _sqlite_error(*exc.args)
+            except RuntimeError as exc:  # (code, extended code, message) of the batch
                 if exc.args[0] != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                    raise error from None
+                    raise _sqlite_error(*exc.args) from None
             await asyncio.sleep(BUSY_RETRY_S)
 
     @property
