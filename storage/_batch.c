@@ -205,9 +205,13 @@ static int copy_rows(PyObject *rows, Step *step) {
                          step->width, PyTuple_GET_SIZE(row));
             return -1;
         }
-        for (Py_ssize_t c = 0; c < step->width; c++)
-            if (copy_value(PyTuple_GET_ITEM(row, c), &step->values[r * step->width + c], c) < 0)
-                return -1;
+        Py_INCREF(row); /* a finalizer run by an allocation below could drop it from `rows` */
+        int copied = 0;
+        for (Py_ssize_t c = 0; copied == 0 && c < step->width; c++)
+            copied = copy_value(PyTuple_GET_ITEM(row, c), &step->values[r * step->width + c], c);
+        Py_DECREF(row);
+        if (copied < 0)
+            return -1;
     }
     return 0;
 }
