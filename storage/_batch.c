@@ -15,9 +15,9 @@ SQLite's conflict resolution says what it undid (ABORT, the default: that statem
 unit of several statements is undone whole through a savepoint); an error that ended the
 transaction (RAISE(ROLLBACK), OR ROLLBACK), or any other error, rolls the batch back and
 is reported for the whole batch. Every value bound and every statement run is held by a
-reference while the GIL is released, whatever Python code runs meanwhile. The module knows nothing of Python's sqlite3 exceptions:
-outcomes are rowcounts or (code, extended code, message) tuples, turned into exceptions by
-group_commit.py. */
+reference while the GIL is released, whatever Python code runs meanwhile. The module
+knows nothing of Python's sqlite3 exceptions: outcomes are rowcounts or (extended result
+code, message) tuples, turned into exceptions by group_commit.py. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,7 +47,7 @@ typedef struct {
     int unit;  /* several statements, all or nothing (a savepoint) */
     Py_ssize_t first, steps;
     PyObject *error;  /* a value that could not be bound: this write's outcome */
-    int code, xcode;
+    int xcode; /* the failing statement's extended result code, or 0 */
     char *message;
     sqlite3_int64 rowcount;
 } Write;
@@ -76,9 +76,9 @@ static int statement_error(int code) {
     return 0;
 }
 
-/* A failure outside any one statement: RuntimeError(code, xcode, message). */
+/* A failure outside any one statement: RuntimeError(xcode, message). */
 static PyObject *batch_failure(int xcode, const char *message) {
-    PyObject *args = Py_BuildValue("(iis)", xcode & 0xff, xcode, message);
+    PyObject *args = Py_BuildValue("(is)", xcode, message);
     if (args) {
         PyErr_SetObject(PyExc_RuntimeError, args);
         Py_DECREF(args);
@@ -276,7 +276,6 @@ static int run_writes(sqlite3 *db, Write *writes, Py_ssize_t count, Step *steps,
         if (rc != SQLITE_OK) {
             if (!statement_error(rc))
                 goto failed;
-            write->code = rc & 0xff;
             write->xcode = rc;  /* extended result codes are on */
             write->message = sqlite3_mprintf("%s", sqlite3_errmsg(db));
             if (sqlite3_get_autocommit(db)) /* RAISE(ROLLBACK), OR ROLLBACK: the batch is undone */
@@ -377,9 +376,9 @@ static PyObject *outcome(Write *write) {
         write->error = NULL;
         return error;
     }
-    if (write->code) {
+    if (write->xcode) {
         const char *message = write->message ? write->message : "";
-        return Py_BuildValue("(iiN)", write->code, write->xcode,
+        return Py_BuildValue("(iN)", write->xcode,
                              PyUnicode_DecodeUTF8(message, strlen(message), "replace"));
     }
     return PyLong_FromLongLong(write->rowcount);
@@ -506,8 +505,8 @@ static void Writer_dealloc(Writer *self) {
 static PyMethodDef Writer_methods[] = {
     {"run", (PyCFunction)Writer_run, METH_O,
      "Run a batch of writes in one transaction: one outcome per write (a rowcount, an "
-     "exception, or (code, extended code, message)). A failure of the whole batch raises "
-     "RuntimeError((code, extended code, message)) or a Python exception."},
+     "exception, or (extended result code, message)). A failure of the whole batch raises "
+     "RuntimeError(extended result code, message) or a Python exception."},
     {"close", (PyCFunction)Writer_close, METH_NOARGS, "Close the connection."},
     {NULL},
 };

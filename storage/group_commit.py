@@ -112,8 +112,8 @@ class GroupCommitWriter:
         while True:
             try:
                 return [_outcome(outcome) for outcome in self._native.run(batch)]
-            except RuntimeError as exc:  # (code, extended code, message) of the batch
-                if exc.args[0] != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+            except RuntimeError as exc:  # (extended result code, message) of the batch
+                if exc.args[0] & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                     raise _sqlite_error(*exc.args) from None
             await asyncio.sleep(BUSY_RETRY_S)
 
@@ -129,7 +129,7 @@ class GroupCommitWriter:
 def _outcome(outcome: object) -> Outcome[int]:
     if isinstance(outcome, int):
         return outcome
-    if isinstance(outcome, tuple):  # (code, extended code, message): one statement's error
+    if isinstance(outcome, tuple):  # (extended result code, message): one statement's error
         return _sqlite_error(*outcome)
     if isinstance(outcome, OverflowError | UnicodeEncodeError):  # as sqlite3 raises them
         return outcome
@@ -137,8 +137,9 @@ def _outcome(outcome: object) -> Outcome[int]:
     return sqlite3.ProgrammingError(str(outcome))
 
 
-def _sqlite_error(code: int, extended: int, message: str) -> sqlite3.Error:
-    """The exception Python's sqlite3 raises for this result code."""
+def _sqlite_error(extended: int, message: str) -> sqlite3.Error:
+    """The exception Python's sqlite3 raises for this (extended) result code."""
+    code = extended & 0xFF  # the primary code
     error = _ERROR_CLASSES.get(code, sqlite3.DatabaseError)(message)
     error.sqlite_errorcode = extended
     error.sqlite_errorname = _ERROR_NAMES.get(extended) or _ERROR_NAMES.get(code, "SQLITE_ERROR")
