@@ -10,7 +10,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # System packages first: the install compiles storage/_batch.c (gcc, libsqlite3-dev).
-$(STAMP): pyproject.toml storage/_batch.c | system-deps
+$(STAMP): pyproject.toml storage/_batch.c storage/_walbuf.c storage/_walbuf.h | system-deps
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
