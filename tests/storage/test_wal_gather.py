@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
