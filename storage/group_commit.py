@@ -16,7 +16,8 @@ it back around its step, letting aiosqlite's reading thread in each time; agains
 0.951x the event loop's instructions a request at 32 requests at a time (README, Speed).
 A hop to a worker thread and back measured 200-350 us on the 2-core machines we run on,
 and running the C batches on a thread of their own measured below running them on the
-loop.
+loop. Its connection writes the WAL through storage/_walbuf.c, which hands a commit's
+frames to the kernel in one write instead of two a page.
 
 The loop never waits on a lock: the connection's busy timeout is 0, and a batch that
 finds the database locked (the CLI, an admin transaction) backs off asynchronously and is
