@@ -508,18 +508,19 @@ static int Writer_init(Writer *self, PyObject *args, PyObject *kwargs) {
                              WALBUF_VFS);
     if (rc == SQLITE_OK)
         rc = sqlite3_extended_result_codes(self->db, 1);
-    if (rc == SQLITE_OK)
-        rc = exec(self->db, "PRAGMA cache_spill = OFF");
     for (Py_ssize_t i = 0; rc == SQLITE_OK && i < PyTuple_GET_SIZE(pragmas); i++) {
         PyObject *pragma = PyUnicode_FromFormat("PRAGMA %S", PyTuple_GET_ITEM(pragmas, i));
         const char *sql = pragma ? PyUnicode_AsUTF8(pragma) : NULL;
         if (!sql) {
             Py_XDECREF(pragma);
+            close_connection(self);
             return -1;
         }
         rc = exec(self->db, sql);
         Py_DECREF(pragma);
     }
+    if (rc == SQLITE_OK) /* last: no pragma given can turn spilling back on */
+        rc = exec(self->db, "PRAGMA cache_spill = OFF");
     for (int c = 0; rc == SQLITE_OK && c < CONTROLS; c++)
         rc = sqlite3_prepare_v2(self->db, CONTROL_SQL[c], -1, &self->control[c], NULL);
     if (rc != SQLITE_OK) {

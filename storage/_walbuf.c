@@ -5,18 +5,18 @@ a commit of ten pages costs twenty pwrite calls (at one connection, 21 a request
 strace). This VFS keeps a WAL file's writes in memory while they follow each other, and
 writes them with one call once the commit frame (a frame header whose "database size"
 field is not zero) has its page: the writes reach the file, and any error is returned,
-inside the very xWrite SQLite made, before it publishes the commit in the wal-index. So
-other connections and processes, which read frames only once the wal-index says they
-are committed, never see the difference, and a crash loses nothing SQLite reported
-committed.
+inside the very xWrite SQLite made for that page, before it publishes the commit in the
+wal-index. So other connections and processes, which read frames only once the wal-index
+says they are committed, never see the difference, and a crash loses nothing SQLite
+reported committed.
 
-That holds because the writer's connection never writes frames before its commit: it sets
+That holds because the writer's connection writes no frame before its commit: it sets
 cache_spill off (a transaction's pages stay in its cache, so no frame is overwritten and
-no checksum rewritten afterwards) and never checkpoints (wal_autocheckpoint 0). Whatever
-else SQLite asks of a WAL file with writes still gathered (a read, a sync, a truncate, its
-size, a lock, its close), and a shared-memory barrier on its database, writes them first.
-Database files pass through untouched, as do locks: the default VFS's own file objects
-are used, so its POSIX lock bookkeeping is the one every connection of the process shares. */
+no checksum rewritten afterwards), and the default VFS reports power-safe overwrite (no
+frame is written twice to pad a sector under synchronous FULL). What SQLite reads, syncs, truncates or sizes of a WAL file with writes
+still gathered, and its close, writes them first. Database files pass through untouched,
+as do locks: the default VFS's own file objects are used, so its POSIX lock bookkeeping is
+the one every connection of the process shares. */
 
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -39,7 +39,7 @@ struct WalBufFile {
     unsigned char *gathered;
     sqlite3_int64 start; /* the file offset of gathered[0] */
     int used;
-    int commit_frame; /* the last write gathered was a commit frame's header */
+    int commit_frame; /* the last write was a commit frame's header */
 };
 
 static sqlite3_vfs *real_vfs;
@@ -49,7 +49,6 @@ static int write_gathered(WalBufFile *f) {
         return SQLITE_OK;
     int used = f->used;
     f->used = 0;
-    f->commit_frame = 0;
     return f->real->pMethods->xWrite(f->real, f->gathered, used, f->start);
 }
 
@@ -64,24 +63,24 @@ static int is_commit_header(const unsigned char *header) {
 }
 
 static int gather(WalBufFile *f, const void *data, int amount, sqlite3_int64 offset) {
+    /* The page after a commit frame's header ends the commit: it is written in this call,
+       whatever was written out to make room for it. */
+    int ends_commit = amount != FRAME_HEADER && f->commit_frame;
+    f->commit_frame = amount == FRAME_HEADER && is_commit_header(data);
     int rc;
     if (f->used && offset != f->start + f->used && (rc = write_gathered(f)) != SQLITE_OK)
         return rc;
     if (!room_for(f, amount)) {
         if ((rc = write_gathered(f)) != SQLITE_OK)
             return rc;
-        if (!room_for(f, amount)) /* too big to gather, or no memory: written alone */
+        if (!room_for(f, amount)) /* no memory for the buffer: written alone */
             return f->real->pMethods->xWrite(f->real, data, amount, offset);
     }
     if (f->used == 0)
         f->start = offset;
     memcpy(f->gathered + f->used, data, (size_t)amount);
     f->used += amount;
-    if (amount == FRAME_HEADER) {
-        f->commit_frame = is_commit_header(data);
-        return SQLITE_OK;
-    }
-    return f->commit_frame ? write_gathered(f) : SQLITE_OK; /* the commit frame's page */
+    return ends_commit ? write_gathered(f) : SQLITE_OK;
 }
 
 #define REAL(file) (((WalBufFile *)(file))->real)
@@ -133,12 +132,10 @@ static int wb_file_size(sqlite3_file *file, sqlite3_int64 *size) {
 }
 
 static int wb_lock(sqlite3_file *file, int level) {
-    FLUSHED(file);
     return REAL(file)->pMethods->xLock(REAL(file), level);
 }
 
 static int wb_unlock(sqlite3_file *file, int level) {
-    FLUSHED(file);
     return REAL(file)->pMethods->xUnlock(REAL(file), level);
 }
 
@@ -167,9 +164,9 @@ static int wb_shm_lock(sqlite3_file *file, int offset, int n, int flags) {
     return REAL(file)->pMethods->xShmLock(REAL(file), offset, n, flags);
 }
 
-/* SQLite publishes a commit in the wal-index between two barriers: frames gathered by then
-   (there should be none, see above) reach the file first. A barrier cannot report an
-   error; a failed write here shows at the WAL's next call. */
+/* SQLite publishes a commit in the wal-index between two barriers. Nothing is gathered by
+   then (a commit frame's page is written in its own xWrite); should anything be, it goes
+   to the file first, though a barrier cannot report a failure. */
 static void wb_shm_barrier(sqlite3_file *file) {
     WalBufFile *f = (WalBufFile *)file;
     if (f->wal)
@@ -182,7 +179,6 @@ static int wb_shm_unmap(sqlite3_file *file, int delete_flag) {
 }
 
 static int wb_fetch(sqlite3_file *file, sqlite3_int64 offset, int amount, void **out) {
-    FLUSHED(file);
     return REAL(file)->pMethods->xFetch(REAL(file), offset, amount, out);
 }
 

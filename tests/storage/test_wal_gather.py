@@ -5,6 +5,7 @@ killed mid-stream loses nothing it reported committed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -156,6 +157,54 @@ def test_a_transaction_larger_than_the_gathering_buffer(db):
         stored = conn.execute("SELECT data FROM rows WHERE batch = 1").fetchall()
         assert [row[0] for row in stored] == [big] * ROWS_A_BATCH
         assert conn.execute("SELECT rows FROM totals").fetchone()[0] == 3 * ROWS_A_BATCH
+
+
+FULL_DISK = """
+import json, os, resource, sys
+from model_gateway.storage._batch import Writer
+from tests.storage.test_wal_gather import PRAGMAS
+path, wal = sys.argv[1], sys.argv[1] + "-wal"
+big = [("INSERT INTO t (data) VALUES (?)", (b"x" * 127_000,))]  # 64 frames on a new table
+writer = Writer(path, PRAGMAS)
+writer.run([("INSERT INTO t (data) VALUES (x'00')", ())])  # the WAL's header, synced alone
+start = os.path.getsize(wal)
+# Room for 63 frames and the commit frame's header, the first gathered write, not for the
+# commit frame's page that comes after it.
+resource.setrlimit(resource.RLIMIT_FSIZE, (start + 63 * 2072 + 24, resource.RLIM_INFINITY))
+try:
+    outcome = writer.run(big)
+except RuntimeError as exc:
+    outcome = exc.args[0] & 0xFF
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+writer.run(big)  # the same commit with room: it writes where the failed one did
+print(json.dumps([outcome, (os.path.getsize(wal) - start) // 2072]))
+"""
+
+
+def test_a_commit_whose_last_page_cannot_be_written_fails(tmp_path):
+    """The commit frame's page comes once a full buffer was written out: it must still be
+    written, and its failure reported, in the xWrite SQLite made for it."""
+    path = tmp_path / "full.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "PRAGMA page_size = 2048; PRAGMA journal_mode = WAL;"
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, data BLOB);"
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+        check=True,
+    )
+    outcome, frames = json.loads(done.stdout)
+    assert frames == 64  # 63 gathered with the commit frame's header, its page the 64th
+    assert outcome in {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}  # not a success
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        lengths = conn.execute("SELECT length(data) FROM t ORDER BY id").fetchall()
+        assert lengths == [(1,), (127_000,)]
 
 
 KILLED_WRITER = """
