@@ -167,7 +167,8 @@ class TransparencyLog:
         self._checkpoint: str | None = None  # self._head as a signed note
         self._lock = asyncio.Lock()  # one integration or reload at a time
         self._task: asyncio.Task | None = None
-        self._skipped: set[str] = set()  # receipts that cannot be made public (logged once)
+        # Receipts that cannot be made public, reported once, until the log passes them.
+        self._skipped: set[str] = set()
         self._bundles: OrderedDict[int, list[bytes]] = OrderedDict()  # full bundles, LRU
         self._settled: OrderedDict[str, ReceiptRecord] = OrderedDict()  # see offer()
         # When the receipt that waited longest for the log at its last look was issued, or
@@ -269,6 +270,9 @@ class TransparencyLog:
         this one started)."""
         limit = self.batch + len(self._skipped)
         found = await self.storage.unlogged_receipt_ids(limit + 1)
+        # A skipped receipt stops coming back once the log has passed it (or, on storage
+        # that keeps a queue, once it left the queue): forget it, or the set only grows.
+        self._skipped.intersection_update(receipt_id for receipt_id, _ in found)
         waiting = [w for w in found if w[0] not in self._skipped]
         batch = waiting[: self.batch]
         offered = list(itertools.takewhile(lambda w: w[0] in self._settled, batch))

@@ -341,6 +341,21 @@ async def test_a_receipt_that_cannot_be_public_is_skipped_not_blocking(storage, 
     await log.stop()
 
 
+async def test_a_skipped_receipt_is_forgotten_once_the_log_has_passed_it(storage, settle):
+    log = TransparencyLog(storage, KEY)
+    await log.start()
+    log._task.cancel()
+    bad = await settle(request_sha256="not a digest")
+    await log.integrate()
+    await log.integrate()
+    assert log._skipped == {bad.id}  # nothing logged after it: it still comes back
+    await settle()
+    await log.integrate()  # logs the next receipt, and so passes the skipped one
+    await log.integrate()
+    assert log._skipped == set()
+    await log.stop()
+
+
 async def test_proofs_across_tiles_after_a_restart_with_only_the_right_edge_in_memory(
     storage, settle
 ):
