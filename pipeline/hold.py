@@ -11,7 +11,8 @@ A meter call runs in a task of its own, which the caller's cancel cannot reach, 
 meter promises that its calls never cancel the task that awaits them (`runs_in_caller`,
 see `ports.Meter`): then the hold steps the call in the caller's own task, and a cancel of
 the caller waits, shielded, for whatever the call awaits. Measured with
-bench/instructions.py: 0.95x the instructions of a request with its two meter calls.
+bench/instructions.py on uvloop: 0.945x the instructions of a metered request one at a
+time, 0.986x at 32 at a time.
 """
 
 from __future__ import annotations
