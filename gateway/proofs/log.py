@@ -270,9 +270,11 @@ class TransparencyLog:
         this one started)."""
         limit = self.batch + len(self._skipped)
         found = await self.storage.unlogged_receipt_ids(limit + 1)
-        # A skipped receipt stops coming back once the log has passed it (or, on storage
-        # that keeps a queue, once it left the queue): forget it, or the set only grows.
-        self._skipped.intersection_update(receipt_id for receipt_id, _ in found)
+        if self._skipped:
+            # A skipped receipt stops coming back once the log has passed it (or, on
+            # storage that keeps a queue, once it left the queue): forget it, or the set
+            # only grows.
+            self._skipped.intersection_update(receipt_id for receipt_id, _ in found)
         waiting = [w for w in found if w[0] not in self._skipped]
         batch = waiting[: self.batch]
         offered = list(itertools.takewhile(lambda w: w[0] in self._settled, batch))
