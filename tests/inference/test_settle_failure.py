@@ -13,9 +13,21 @@ from contextlib import contextmanager
 from decimal import Decimal
 
 import httpx
+import pytest
 
+from tests.inference.conftest import _start
 from tests.support.errors import assert_error
 from tests.support.http import bearer
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory, fake_openai, fake_anthropic):
+    """A gateway of this module's own: holding its database's write lock past the busy
+    timeout also fences it (its lease cannot be renewed), which must not reach the tests
+    that share the session's gateway (they were answered 503 when they came next)."""
+    process = _start(tmp_path_factory.mktemp("settle-lock"), (fake_openai, fake_anthropic), 30)
+    yield process
+    process.stop()
 
 
 def account(gw, project: str) -> tuple[Decimal, Decimal]:
