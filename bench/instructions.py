@@ -6,10 +6,11 @@ The gateway's ASGI app runs in this process, with the built-in echo provider and
 a real file, on uvloop as `gateway serve` runs it: no sockets, no other process. (On
 asyncio's own loop, whose scheduling is Python code, a change that saves tasks or loop
 turns counts far larger than it is served: one task less a request counted 0.942x there
-and 0.996x on uvloop.) The script runs `--requests` chat completions, `--tasks` at a
-time, through the whole chain (key, limits, hold, settlement, receipt, log), and prints
-nothing else. Run under callgrind twice, with N and 2N requests, the difference
-of the two totals over N is what one request costs, start-up and shutdown cancelled out:
+and 0.996x on uvloop.) The script runs `--requests` chat completions (`--stream`:
+streamed), `--tasks` at a time, through the whole chain (key, limits, hold, settlement,
+receipt, log), and prints nothing else. Run under callgrind twice, with N and 2N
+requests, the difference of the two totals over N is what one request costs, start-up and
+shutdown cancelled out:
 
     apt-get install -y valgrind
     python bench/instructions.py [--other ../other/.venv/bin/python] [--repeats 3]
@@ -40,18 +41,21 @@ import uvloop
 CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 HIGH_RPM = "100000000"
 BODY = b'{"model":"echo-1","max_tokens":64,"messages":[{"role":"user","content":"Say hi."}]}'
+# The same request streamed, its usage asked for (the echo provider sends an event a word).
+STREAM_BODY = BODY[:-1] + b',"stream":true,"stream_options":{"include_usage":true}}'
 
 
-async def run(folder: Path, requests: int, tasks: int) -> None:
+async def run(folder: Path, requests: int, tasks: int, stream: bool) -> None:
     from model_gateway.gateway.app import create_app
     from model_gateway.gateway.config import load_config
 
     app = create_app(load_config(folder / "config.toml"))
     key = (folder / "key").read_text().strip()
+    body = STREAM_BODY if stream else BODY
     headers = [
         (b"authorization", b"Bearer " + key.encode()),
         (b"content-type", b"application/json"),
-        (b"content-length", str(len(BODY)).encode()),
+        (b"content-length", str(len(body)).encode()),
     ]
 
     async def one() -> None:
@@ -62,7 +66,7 @@ async def run(folder: Path, requests: int, tasks: int) -> None:
             nonlocal delivered
             if not delivered:
                 delivered = True
-                return {"type": "http.request", "body": BODY, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await asyncio.Event().wait()  # the client stays until the answer ends
             return {"type": "http.disconnect"}
 
@@ -105,11 +109,12 @@ def provision(folder: Path, gateway: Path) -> None:
     (folder / "key").write_text(key["key"])
 
 
-def count(python: Path, folder: Path, requests: int, tasks: int) -> int:
+def count(python: Path, folder: Path, requests: int, tasks: int, stream: bool) -> int:
     """Instructions (callgrind's Ir) of one run of this script with `requests` requests."""
     out = folder / f"callgrind.{requests}.out"
     valgrind = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
     script = [str(python), __file__, "--folder", str(folder), "--requests", str(requests)]
+    script += ["--stream"] if stream else []
     argv = [*valgrind, f"--callgrind-out-file={out}", *script, "--tasks", str(tasks)]
     subprocess.run(argv, check=True, capture_output=True, cwd=folder)
     # The event loop's thread only: SQLite's checkpoints run on a thread of their own once a
@@ -121,7 +126,7 @@ def count(python: Path, folder: Path, requests: int, tasks: int) -> int:
     return int(summary.group(1))
 
 
-def per_request(python: Path, requests: int, tasks: int) -> float:
+def per_request(python: Path, requests: int, tasks: int, stream: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         # A fresh database for each count: the same file grown by the first run would
@@ -130,7 +135,7 @@ def per_request(python: Path, requests: int, tasks: int) -> float:
         for n in (requests, 2 * requests):
             shutil.rmtree(folder / "data", ignore_errors=True)
             provision(folder, python.with_name("gateway"))
-            totals.append(count(python, folder, n, tasks))
+            totals.append(count(python, folder, n, tasks, stream))
         return (totals[1] - totals[0]) / requests
 
 
@@ -141,9 +146,11 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--other", type=Path, help="another checkout's venv python")
+    parser.add_argument("--stream", action="store_true", help="streamed chat completions")
     args = parser.parse_args()
     if args.folder is not None:
-        uvloop.run(run(args.folder, args.requests, args.tasks))  # the loop `gateway serve` runs
+        # the loop `gateway serve` runs
+        uvloop.run(run(args.folder, args.requests, args.tasks, args.stream))
         return
     pythons = {"this checkout": Path(sys.executable)}
     if args.other is not None:
@@ -151,9 +158,10 @@ def main() -> None:
     counts: dict[str, list[float]] = {name: [] for name in pythons}
     for _ in range(args.repeats):
         for name, python in pythons.items():
-            counts[name].append(per_request(python, args.requests, args.tasks))
+            counts[name].append(per_request(python, args.requests, args.tasks, args.stream))
     base = statistics.median(counts["this checkout"])
-    print(f"instructions a request, event loop's thread, {args.tasks} requests at a time:")
+    kind = "streamed " if args.stream else ""
+    print(f"instructions a {kind}request, event loop's thread, {args.tasks} requests at a time:")
     for name, values in counts.items():
         median = statistics.median(values)
         ratio = f", {median / base:.3f}x this checkout" if name != "this checkout" else ""

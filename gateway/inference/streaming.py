@@ -17,7 +17,8 @@ connection at once.
 
 A client that leaves is noticed by the dispatch stage, which cancels the whole exchange;
 the response itself does not listen (Starlette's listener cost an anyio task group per
-stream), and per-event timeouts use asyncio's own (anyio's cost ~10x more per event).
+stream), and the per-event timeouts share one timer a stream (wait_bound.py): asyncio's
+own cost about 5 µs an event, anyio's ten times that.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import anyio
 from starlette.responses import StreamingResponse
 
 from model_gateway.gateway.inference.usage import billing, cancelled
+from model_gateway.gateway.inference.wait_bound import WaitBound
 from model_gateway.gateway.providers.upstream import Acceptance
 from model_gateway.pipeline.context import Outcome
 from model_gateway.pipeline.errors import (
@@ -61,6 +63,7 @@ class Upstream:
     ) -> None:
         self.events = events
         self.timeout_s = timeout_s
+        self._bound = WaitBound(timeout_s)
         self.provider = provider
         self.acceptance = acceptance  # marked by the provider when the upstream answers 2xx
         self.ctx = ctx  # its upstream_seconds adds up the waits (the overhead histogram)
@@ -71,7 +74,7 @@ class Upstream:
         """The next event, or `_END`; ProviderTimeout when none came in time."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            with self._bound:
                 return await anext(self.events)
         except StopAsyncIteration:
             return _END
@@ -88,6 +91,7 @@ class Upstream:
             self._ended(error, abandoned=abandoned)
 
     async def aclose(self) -> None:
+        self._bound.close()
         await self.events.aclose()
         # Closed unjudged: the client left before the body ran, or the stream never opened
         # (then the attempt chain's own verdict follows; this one only frees a trial slot).
