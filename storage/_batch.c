@@ -558,11 +558,52 @@ static PyTypeObject WriterType = {
     .tp_methods = Writer_methods,
 };
 
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* pack(prefix, value): the bytes of the lowercase hex that follows `prefix` in `value`;
+   anything else (another prefix, uppercase, an odd length, nothing after the prefix, not
+   a str) unchanged. In C: a receipt packs 13 values, at 0.7 µs each in Python. */
+static PyObject *pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_IS_ASCII(args[0]))
+        return PyErr_Format(PyExc_TypeError, "pack(prefix: an ASCII str, value)");
+    PyObject *prefix = args[0], *value = args[1];
+    if (!PyUnicode_Check(value) || !PyUnicode_IS_ASCII(value))
+        return Py_NewRef(value); /* after an ASCII prefix, hex is ASCII too */
+    const char *text = (const char *)PyUnicode_1BYTE_DATA(value);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(value), skip = PyUnicode_GET_LENGTH(prefix);
+    Py_ssize_t digits = length - skip;
+    if (digits <= 0 || digits % 2 || memcmp(text, PyUnicode_1BYTE_DATA(prefix), skip) != 0)
+        return Py_NewRef(value);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, digits / 2);
+    if (!packed)
+        return NULL;
+    char *out = PyBytes_AS_STRING(packed);
+    for (Py_ssize_t i = skip; i < length; i += 2) {
+        int high = hex_digit(text[i]), low = hex_digit(text[i + 1]);
+        if (high < 0 || low < 0) {
+            Py_DECREF(packed);
+            return Py_NewRef(value);
+        }
+        *out++ = (char)(high << 4 | low);
+    }
+    return packed;
+}
+
+static PyMethodDef module_functions[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
+     "pack(prefix, value): the bytes of the lowercase hex after `prefix`, or `value` as it "
+     "is."},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_batch",
-    .m_doc = "Group-committed SQLite batches without the GIL.",
+    .m_doc = "Group-committed SQLite batches without the GIL, and the ids' packing.",
     .m_size = -1,
+    .m_methods = module_functions,
 };
 
 PyMODINIT_FUNC PyInit__batch(void) {

@@ -64,6 +64,7 @@ import aiosqlite
 import msgspec
 import orjson
 
+from model_gateway.storage._batch import pack as _pack
 from model_gateway.storage.base import (
     Account,
     AgentRecord,
@@ -133,18 +134,10 @@ def _json_list(value: list[str] | frozenset[str] | None) -> str | None:
     return None if value is None else orjson.dumps(sorted(value)).decode()
 
 
-def _pack(prefix: str, value: str | None) -> str | bytes | None:
-    """An id of the gateway's form (prefix + lowercase hex), or a hex digest (prefix ''),
-    as the bytes of its hex part; anything else unchanged (migration 0011)."""
-    if not isinstance(value, str) or not value.startswith(prefix):
-        return value
-    body = value[len(prefix) :]
-    try:
-        packed = bytes.fromhex(body)
-    except ValueError:
-        return value
-    # fromhex also takes uppercase and spaces: only a body that round-trips is packed.
-    return packed if packed and packed.hex() == body else value
+# `_pack(prefix, value)`: an id of the gateway's form (prefix + lowercase hex), or a hex
+# digest (prefix ''), as the bytes of its hex part; anything else unchanged (migration
+# 0011). In C (storage/_batch.c): a receipt packs 13 values, about 0.5 µs each in Python
+# against 0.1; tests/storage/test_id_packing.py holds it to the Python definition.
 
 
 def _unpack(prefix: str, value: str | bytes | None) -> str | None:

@@ -3,6 +3,7 @@ whatever text comes in reads back unchanged, and only lowercase hex is packed.""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,38 @@ from model_gateway.storage.sqlite import _pack, _unpack
 
 PREFIXES = st.sampled_from(["", "rcpt_", "rsv_", "prj_", "key_", "req_"])
 HEXISH = st.text(alphabet="0123456789abcdefABCDEF \n_x", max_size=40)
+
+
+def defined_pack(prefix: str, value: object) -> object:
+    """What `_pack` (in C) is held to: only a body that round-trips through bytes.fromhex
+    and .hex() is packed (fromhex also takes uppercase and spaces)."""
+    if not isinstance(value, str) or not value.startswith(prefix):
+        return value
+    body = value[len(prefix) :]
+    try:
+        packed = bytes.fromhex(body)
+    except ValueError:
+        return value
+    return packed if packed and packed.hex() == body else value
+
+
+@given(
+    PREFIXES,
+    st.one_of(
+        st.none(), st.integers(), st.binary(max_size=8), HEXISH, st.text(max_size=20), PREFIXES
+    ),
+    st.booleans(),
+)
+def test_packing_is_its_python_definition(prefix, body, prefixed):
+    value = prefix + body if prefixed and isinstance(body, str) else body
+    assert _pack(prefix, value) == defined_pack(prefix, value)
+    assert type(_pack(prefix, value)) is type(defined_pack(prefix, value))
+
+
+def test_a_prefix_must_be_ascii_text():
+    for prefix in ("é_", b"rsv_", None):
+        with pytest.raises(TypeError):
+            _pack(prefix, "rsv_ab")
 
 
 @given(PREFIXES, st.one_of(st.none(), HEXISH, st.text(max_size=20)))
