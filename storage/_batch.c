@@ -564,7 +564,7 @@ static int hex_digit(char c) {
 
 /* pack(prefix, value): the bytes of the lowercase hex that follows `prefix` in `value`;
    anything else (another prefix, uppercase, an odd length, nothing after the prefix, not
-   a str) unchanged. In C: a receipt packs 13 values, at 0.7 µs each in Python. */
+   a str) unchanged. In C: a receipt packs 13 values, about 0.5 µs each in Python. */
 static PyObject *pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_IS_ASCII(args[0]))
         return PyErr_Format(PyExc_TypeError, "pack(prefix: an ASCII str, value)");

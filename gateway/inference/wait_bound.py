@@ -1,12 +1,13 @@
-"""A bound on each wait of a stream for its upstream, with one timer for all of its waits.
+"""A bound on each wait for an upstream: for a stream, one timer for all of its waits.
 
-`asyncio.timeout` arms a timer on entry and cancels it on exit: about 5 µs a use on
-uvloop, paid for every event of a stream. Here the timer is armed by the first wait and
+`asyncio.timeout` arms a timer on entry and cancels it on exit: about 6.5 µs a use on
+uvloop, paid for every read of a stream. Here the timer is armed by the first wait and
 left running: when it fires, a wait that has lasted the bound is cancelled, and otherwise
-the timer is set again for the current wait's end (or one bound from now, between waits).
-A wait then costs a clock read. The outcome is asyncio.timeout's: the waiting task is
-cancelled, and the cancellation becomes `TimeoutError` unless the task was also cancelled
-for another reason (the client left), which then goes on as it is.
+the timer is set again for the current wait's end (or left for the next wait to arm,
+between waits). A stream's wait then costs a clock read (0.9 µs in all); a whole answer's
+single wait, a timer of its own (3.6 µs). The outcome is asyncio.timeout's: the waiting
+task is cancelled, and the cancellation becomes `TimeoutError` unless the task was also
+cancelled for another reason (the client left), which then goes on as it is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class WaitBound:
         self._task: asyncio.Task | None = None
         self._since: float | None = None  # the loop's time the current wait began
         self._timer: asyncio.TimerHandle | None = None
+        self._when = 0.0  # the loop's time the timer is armed for
         self._expired = False
         self._cancelling = 0  # the task's cancellation requests when its wait began
 
@@ -33,7 +35,8 @@ class WaitBound:
         self._task, self._cancelling = task, task.cancelling()
         self._since = now = self._loop.time()
         if self._timer is None:
-            self._timer = self._loop.call_at(now + self.timeout_s, self._check)
+            self._when = now + self.timeout_s
+            self._timer = self._loop.call_at(self._when, self._check)
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         self._since = None
@@ -49,10 +52,14 @@ class WaitBound:
         if self._since is None:
             return  # between waits: the next wait arms the timer again
         due = self._since + self.timeout_s
-        if self._loop.time() >= due:
+        # The loop says `_when` has come: trusted, as asyncio.timeout trusts it. Reading the
+        # clock again would spin on uvloop, whose timers round to the millisecond and fire
+        # while its clock still reads a hair short of the time they were armed for.
+        if due <= self._when:
             self._expired = True
             self._task.cancel()
         else:
+            self._when = due
             self._timer = self._loop.call_at(due, self._check)
 
     def close(self) -> None:

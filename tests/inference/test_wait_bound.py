@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import pytest
+import uvloop
 
 from model_gateway.gateway.inference.wait_bound import WaitBound
 
@@ -80,3 +81,28 @@ async def test_a_cancellation_from_outside_wins_over_an_expiry_at_the_same_time(
     with pytest.raises(asyncio.CancelledError):
         await task
     bound.close()
+
+
+def test_on_uvloop_an_expiry_fires_its_timer_once():
+    """uvloop's timers round to the millisecond and may fire while its clock still reads a
+    hair short of their time: the bound trusts the loop, rather than spinning on the timer
+    until the clock agrees (review, 2026-11-26: up to ~300 fires an expiry)."""
+
+    class Counted(WaitBound):
+        checks = 0
+
+        def _check(self) -> None:
+            self.checks += 1
+            super()._check()
+
+    async def expiries(timeout_s: float) -> int:
+        bound = Counted(timeout_s)
+        for _ in range(10):
+            with pytest.raises(TimeoutError):
+                with bound:
+                    await asyncio.sleep(10)
+        bound.close()
+        return bound.checks
+
+    for timeout_s in (0.0123, 0.05, 0.0505):
+        assert uvloop.run(expiries(timeout_s)) == 10
