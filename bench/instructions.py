@@ -16,8 +16,10 @@ shutdown cancelled out:
     python bench/instructions.py [--other ../other/.venv/bin/python] [--repeats 3]
 
 counts this checkout (and another's, alternating) and prints the median and range of the
-repeats: about 2% apart on the same code (the log's batches and the loop's turns follow
-the clock, which valgrind slows 50 times). About a minute a count. Instruction counts are
+repeats: 1-5% apart on the same code, and the medians of two runs of the same code up to
+7% apart (the log's batches and the loop's turns follow the clock, which valgrind slows
+50 times): compare two codes within one run, and back a difference under 5% with a
+microbenchmark. About a minute a count. Instruction counts are
 the user-space work of the event loop's thread only: system calls, cache misses and waits
 are not in them, so confirm a change that counts fewer with `bench/paired.py`.
 """
