@@ -62,8 +62,7 @@ class Upstream:
         ended: Callable[..., None],
     ) -> None:
         self.events = events
-        self.timeout_s = timeout_s
-        self._bound = WaitBound(timeout_s)
+        self._bound = WaitBound(timeout_s)  # every wait for the next events
         self.provider = provider
         self.acceptance = acceptance  # marked by the provider when the upstream answers 2xx
         self.ctx = ctx  # its upstream_seconds adds up the waits (the overhead histogram)
@@ -79,7 +78,7 @@ class Upstream:
         except StopAsyncIteration:
             return _END
         except TimeoutError:
-            log.warning("provider %s sent nothing for %.1f s", self.provider, self.timeout_s)
+            log.warning("provider %s sent nothing for %.1f s", self.provider, self._bound.timeout_s)
             raise ProviderTimeout() from None
         finally:
             self.ctx.upstream_seconds += time.perf_counter() - started
