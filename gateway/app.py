@@ -95,7 +95,7 @@ class Gateway:
             owner=owner,
             lease_s=lease_s,
             instance=self.instance,
-            on_settled=self._offer_to_the_log,
+            on_settling=self._offer_to_the_log,
         )
         await self.meter.start()
         if self.log_process is not None:
@@ -110,7 +110,7 @@ class Gateway:
             log.info("%s", line)
 
     def _offer_to_the_log(self, record: ReceiptRecord) -> None:
-        """A settled receipt, to whichever log integrates here: its own, or the child's."""
+        """A receipt being settled, to whichever log integrates here: its own, or the child's."""
         assert self.transparency_log is not None
         self.transparency_log.offer(record)
         if self.log_process is not None:

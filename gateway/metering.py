@@ -97,14 +97,14 @@ class StorageMeter:
         owner: str | None = None,
         lease_s: float = ClusterConfig().lease_s,
         instance: Instance | None = None,
-        on_settled: Callable[[ReceiptRecord], None] | None = None,
+        on_settling: Callable[[ReceiptRecord], None] | None = None,
     ) -> None:
         self.storage = storage
         self.metrics = metrics
         self.owner = owner or process_owner()
         self.lease_s = lease_s
         self.instance = instance  # None: never fenced (embedded without a registry)
-        self.on_settled = on_settled  # each receipt once committed (the log: no read-back)
+        self.on_settling = on_settling  # each receipt as it is stored (the log: no read-back)
         # Nothing here has a timeout of its own: whether the storage's calls do decides.
         self.runs_in_caller = not storage.self_cancelling
         self.open_holds = 0  # this process's holds not yet settled or released
@@ -195,11 +195,14 @@ class StorageMeter:
             self.metrics.charged(settlement)
 
     async def _charge(self, receipt: ReceiptRecord) -> bool:
-        """Store the receipt, charging its hold; False when the hold was gone."""
-        charged = await self.storage.settle(receipt)
-        if charged and self.on_settled is not None:
-            self.on_settled(receipt)
-        return charged
+        """Store the receipt, charging its hold; False when the hold was gone. The log hears
+        of it first: its reads run on the loop, and one may come between the commit and
+        this coroutine's next step, which would find the receipt committed and not offered
+        (and read it back whole). An offer is only a hint (what the log takes is what
+        storage lists), so one whose settlement fails is never logged."""
+        if self.on_settling is not None:
+            self.on_settling(receipt)
+        return await self.storage.settle(receipt)
 
     async def release(self, reservation: Reserved) -> None:
         self.open_holds -= 1

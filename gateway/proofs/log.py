@@ -238,8 +238,9 @@ class TransparencyLog:
             await asyncio.sleep(self.interval_s if self.sequencer else self.follow_s)
 
     def offer(self, record: ReceiptRecord) -> None:
-        """A receipt this process has just settled (committed): the sequencer logs it from
-        memory. Only a hint: what is logged, and in which order, is read from storage."""
+        """A receipt this process is settling (its commit may be under way or done): the
+        sequencer logs it from memory. Only a hint: what is logged, and in which order, is
+        read from storage, so a receipt offered but never committed is never logged."""
         if self.sequencer:
             self._settled[record.id] = record
             if len(self._settled) > SETTLED_KEPT:

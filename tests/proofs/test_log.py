@@ -89,6 +89,20 @@ async def test_offered_and_stored_receipts_are_logged_in_issue_order_and_verify(
     await log.stop()
 
 
+async def test_a_log_running_beside_its_settlers_reads_none_of_their_receipts_back(storage):
+    """The log's reads run on the loop, and may come between a batch's commit and the next
+    step of the settlers it committed for: their offers must have come already."""
+    log = TransparencyLog(storage, KEY, interval_s=0)  # looks at every turn it gets
+    await log.start()
+    charge = await offering_meter(storage, log.offer)
+    ids = []
+    for _ in range(10):
+        ids += await asyncio.gather(*(charge() for _ in range(16)))
+    await log.stop()  # integrates what is left
+    assert log.size == len(ids) == 160
+    assert log.read_back == 0
+
+
 async def test_a_fed_log_waits_for_an_offer_before_it_reads_a_receipt_back(storage, settle):
     """The log process gets its receipts over a pipe, after their commit: one not offered
     yet is not read back until it has waited `offer_wait_s`."""
@@ -462,6 +476,9 @@ async def test_two_integrators_racing_for_the_same_receipts_never_fork(storage, 
         await log.start()
         log._task.cancel()
     records = [await settle() for _ in range(3)]
+    for log in (a, b):  # offered to both: neither awaits a read, so neither sees the other
+        for record in records:  # append before its own
+            log.offer(record)
     # Both read the same unlogged receipts and append at the same index: one loses whole.
     outcomes = await asyncio.gather(a.integrate(), b.integrate(), return_exceptions=True)
     assert sorted(type(o).__name__ for o in outcomes) == ["StateConflict", "int"]

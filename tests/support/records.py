@@ -49,10 +49,10 @@ async def add_key(
 
 async def offering_meter(storage, offer: Callable[[ReceiptRecord], None]):
     """charge() -> the id of a receipt settled by a real meter that hands it to `offer`
-    once committed (a log's, or the log process's)."""
+    as it stores it (a log's, or the log process's)."""
     project = await add_project(storage, "offering")
     await storage.add_credit(project.id, 10_000_000, "2025-01")
-    meter = StorageMeter(storage, on_settled=offer)
+    meter = StorageMeter(storage, on_settling=offer)
     count = 0
 
     async def charge() -> str:
