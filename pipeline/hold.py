@@ -2,10 +2,12 @@
 
 The reservation stage owns a request's hold; the agents' run engine owns its steps'
 holds the same way, without ASGI. `settle` and `release` are idempotent; a settle that
-raises leaves the hold open, so the owner's `release` (in its `finally`, or `async with`)
-still frees the money. The meter's calls run to their end even when the caller is
-cancelled, the anyio way or the asyncio way (`task.cancel()`, which anyio's shielded
-scopes do not stop): a cancelled request still closes its hold, once.
+raises leaves the hold to be released, so the owner's `release` (in its `finally`, or
+`async with`) still frees the money, and is never tried again: its receipt may have been
+stored, or offered to the log, and a second one would differ (fresh salts and time).
+The meter's calls run to their end even when the caller is cancelled, the anyio way or
+the asyncio way (`task.cancel()`, which anyio's shielded scopes do not stop): a cancelled
+request still closes its hold, once.
 
 A meter call runs in a task of its own, which the caller's cancel cannot reach, unless the
 meter promises that its calls never cancel the task that awaits them (`runs_in_caller`,
@@ -87,7 +89,8 @@ class Hold:
     def __init__(self, meter: Meter, reservation: Reserved) -> None:
         self._meter = meter
         self.reservation = reservation
-        self.state: Literal["open", "settled", "released"] = "open"
+        # "failed": a settle raised; only a release is left.
+        self.state: Literal["open", "failed", "settled", "released"] = "open"
         self.settlement: Settlement | None = None  # what was charged, once settled
 
     @classmethod
@@ -115,12 +118,17 @@ class Hold:
         return self.reservation.amount
 
     async def settle(self, settlement: Settlement) -> None:
-        """Charge and receipt; a no-op once closed. Raises, hold still open, on failure."""
+        """Charge and receipt, tried once; a no-op once closed or tried. Raises on failure,
+        leaving the hold to its release."""
         if self.state != "open":
             return
-        _, cancelled = await _to_the_end(
-            self._meter, self._meter.settle(self.reservation, settlement)
-        )
+        try:
+            _, cancelled = await _to_the_end(
+                self._meter, self._meter.settle(self.reservation, settlement)
+            )
+        except BaseException:
+            self.state = "failed"
+            raise
         self.state = "settled"
         self.settlement = settlement
         if cancelled:
@@ -128,7 +136,7 @@ class Hold:
 
     async def release(self) -> None:
         """Free the whole amount; a no-op once closed."""
-        if self.state != "open":
+        if self.state not in ("open", "failed"):
             return
         self.state = "released"
         _, cancelled = await _to_the_end(self._meter, self._meter.release(self.reservation))

@@ -137,3 +137,27 @@ async def test_calls_run_in_the_callers_task_only_when_the_meter_says_so(meter):
     meter.__class__ = Watching
     await Hold.take(meter, "p", None, 600)
     assert (tasks == [asyncio.current_task()]) is meter.runs_in_caller
+
+
+async def test_a_settle_that_raised_is_never_tried_again_and_the_release_frees_the_money(meter):
+    """Its receipt may have been stored or offered to the log: a second settle would make
+    another (fresh salts, another time) under the same id."""
+    tries = []
+
+    class FailingOnce(type(meter)):
+        async def settle(self, reservation, settlement):
+            tries.append(settlement.cost)
+            if len(tries) == 1:
+                raise OSError("commit outcome unknown")
+            await super().settle(reservation, settlement)
+
+    meter.__class__ = FailingOnce
+    hold = await Hold.take(meter, "p", None, 600)
+    with pytest.raises(OSError):
+        await hold.settle(settlement(400))
+    assert hold.state == "failed"
+    await hold.settle(settlement(400))  # a no-op
+    assert tries == [400] and meter.receipts == []
+    await hold.release()
+    assert hold.state == "released" and meter.reserved("p") == 0
+    assert meter.projects["p"].balance == 1_000
