@@ -31,7 +31,8 @@ Which connection writes what (the rule; keep every new write to it)
 - Reads go through aiosqlite too (not on the loop: an audit or the log's leaves may take
   a while; in WAL mode they never wait for a writer), but for the few small ones that the
   log and the lease meter take several times a second: those run on the loop, on a
-  read-only connection that never waits for a lock (`_glance`). WAL checkpoints run on a
+  read-only connection that never waits for a lock (`_glance`); so a storage is used on
+  the thread that opened it (its loop's). WAL checkpoints run on a
   short-lived connection of their own on a worker thread: they fsync and wait for readers.
 - Locks: every connection gives up after the same busy timeout (`open(busy_timeout_s=)`,
   5 s by default). aiosqlite's through SQLite's busy handler on its thread; the
@@ -268,6 +269,9 @@ class AdminEpoch:
 
 
 _NO_WAIT = contextlib.nullcontext()  # a read with no transaction to wait out
+# The most rows a read on the loop's thread takes (about 1 us each): the log's batch of
+# ids, and a few it skipped.
+_GLANCE_ROWS = 1024
 
 _WAL_SIZE_LIMIT = 64 * 2**20  # a restarted WAL is truncated back to this
 
@@ -844,9 +848,11 @@ class SQLiteStorage(Storage):
         last_leaf = await self._glance(
             "SELECT receipt_id FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
         )
-        # The ids, read several times a second, on the loop; whole receipts (read back
-        # after a restart or from another process) on the thread.
-        fetch = self._glance if columns == "v.id, v.created_at" else self._fetchall
+        # The ids, read several times a second, on the loop (but a long list: receipts the
+        # log had to skip); whole receipts (read back after a restart, or settled by
+        # another process) on the thread.
+        small = columns == "v.id, v.created_at" and limit <= _GLANCE_ROWS
+        fetch = self._glance if small else self._fetchall
         return await fetch(
             f"SELECT {columns} FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"  # noqa: S608
             " WHERE r.seq > max("

@@ -158,7 +158,7 @@ class TransparencyLog:
         self.follow_s = follow_s
         self.batch = batch
         # How long a receipt that was not offered waits before it is read back: 0 where
-        # offers come with the commit (this process's meter), more where they come after
+        # offers come before the commit (this process's meter), more where they come after
         # it (the log process, fed over a pipe).
         self.offer_wait_s = offer_wait_s
         self.sequencer = False  # whether this process integrates (holds the storage's lock)

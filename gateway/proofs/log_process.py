@@ -13,8 +13,8 @@ log takes over within `FOLLOW_S` (it keeps trying), so a receipt is never left u
 for long; the child is not restarted.
 
 The child reads its stdin: first its settings (the storage URL may hold a password: never
-in its command line), then the receipts the gateway settles, as JSON lines sent once
-committed, a write every `FEED_EVERY_S`. The log takes them from memory as the gateway's
+in its command line), then the receipts the gateway settles, as JSON lines sent as they
+are stored, a write every `FEED_EVERY_S`. The log takes them from memory as the gateway's
 own log does (only their ids and order come from storage); a receipt that is not fed
 (the pipe full, a line it cannot read) is read back from storage, as one settled by
 another instance is. It says on stdout whether it holds the sequencer lock, the size of
@@ -122,8 +122,8 @@ class LogProcess:
             log.warning("the log process printed something other than a report; ignored")
 
     def offer(self, record: ReceiptRecord) -> None:
-        """A receipt this process has just settled (committed): fed to the child while it
-        integrates, so that it need not read the receipt back."""
+        """A receipt this process is settling (see `TransparencyLog.offer`): fed to the
+        child while it integrates, so that it need not read the receipt back."""
         if self.sequencer:
             self._fed.append(self._encode(record))
             if self._feed_due is None:

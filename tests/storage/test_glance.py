@@ -6,35 +6,47 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
+import threading
 
 import pytest
 
+from model_gateway.storage import sqlite as sqlite_module
 from model_gateway.storage.sqlite import SQLiteStorage, _read_unless_busy
-
-# About a second of SQLite's work on aiosqlite's thread (an audit, an export).
-SLOW_READ = (
-    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000)"
-    " SELECT count(*) FROM n"
-)
+from tests.support.records import offering_meter
 
 
 async def test_the_logs_reads_do_not_wait_behind_a_long_read(tmp_path) -> None:
     store = await SQLiteStorage.open(f"sqlite:///{tmp_path}/gw.db")
+    release = threading.Event()
     try:
-        started = time.monotonic()
-        slow = asyncio.create_task(store._fetchall(SLOW_READ))
-        await asyncio.sleep(0.05)  # the long read is on aiosqlite's thread now
+        # A read that holds aiosqlite's thread until told (an audit, an export).
+        await store._conn.create_function("held", 0, lambda: release.wait(10))
+        long_read = asyncio.create_task(store._fetchall("SELECT held()"))
+        await asyncio.sleep(0.05)  # on the thread now
+        async with asyncio.timeout(2):  # not the 10 s the long read may last
+            assert await store.tree_head() is None
+            assert await store.unlogged_receipt_ids(257) == []
+            assert await store.recalled_leases("gw:1:1") == []
+        assert not long_read.done()
+        release.set()
+        await long_read
+    finally:
+        release.set()
+        await store.close()
+
+
+async def test_a_read_that_finds_sqlite_busy_is_taken_on_the_thread(tmp_path, monkeypatch):
+    store = await SQLiteStorage.open(f"sqlite:///{tmp_path}/gw.db")
+    try:
+        charge = await offering_meter(store, lambda _: None)
+        settled = await charge()
+        on_the_loop = await store.unlogged_receipt_ids(2)
+        monkeypatch.setattr(sqlite_module, "_read_unless_busy", lambda *_: None)  # busy
+        assert await store.unlogged_receipt_ids(2) == on_the_loop
+        assert [receipt_id for receipt_id, _ in on_the_loop] == [settled]
         assert await store.tree_head() is None
-        assert await store.unlogged_receipt_ids(257) == []
-        assert await store.recalled_leases("gw:1:1") == []
-        glanced_s = time.monotonic() - started
-        await slow
-        slow_s = time.monotonic() - started
     finally:
         await store.close()
-    assert slow_s > 0.3, "the long read was too short to tell"
-    assert glanced_s < slow_s / 2
 
 
 def test_a_busy_database_is_left_to_the_thread_and_other_errors_raise(tmp_path) -> None:
