@@ -281,7 +281,8 @@ BUSY_TIMEOUT_S = 5.0
 # Page cache per connection (the writer's and the reader's) and memory map, measured with
 # bench/storage_backends.py --prefill and bench/soak.py: reserve + settle is about as much
 # slower at a million receipts with a 16 MiB cache or a 1 GiB map as with SQLite's default
-# 2 MB (the slope comes from the random receipt ids' index, not from cache misses), while
+# 2 MB (the slope came from the receipt ids' index, not from cache misses, while the ids
+# were random: they grow with time since, pipeline/reservation.py), while
 # a bigger cache makes RSS climb until it is full (+15 MiB in a slowed soak) and a map's
 # touched pages count in RSS as the file grows. So: the default size, stated, and no map.
 CACHE_SIZE_KIB = 2000
