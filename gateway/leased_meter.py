@@ -39,7 +39,8 @@ Rules
   the lease's bookkeeping (the lease row each settlement updates, `in_use` writes) cost
   more than it saves. Measured against writing every hold (paired, both orders): 1.12x
   and 1.13x req/s at one connection, 1.03x and 1.15x at 32; leases for every hold had
-  measured 0.88-0.97x at 32 (0.96x and 0.95x again on 2026-11-26, paired in both orders).
+  measured 0.88-0.97x at 32 (0.96x and 0.95x again on 2026-11-26, paired in both orders;
+  1.00x req/s and CPU on 2026-11-27, 8 rounds, after the log's reads moved to the loop).
 - What requests hold of a lease is shown as `reserved` at most `POLL_S` late (their
   lease holds the money from the start): the owner writes it with its housekeeping. A
   watched hold (a stream's: its client may read its project once the first byte is
