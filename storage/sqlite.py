@@ -832,28 +832,32 @@ class SQLiteStorage(Storage):
         return None if row is None else SandboxRecord(**dict(row))
 
     async def unlogged_receipts(self, limit: int) -> list[ReceiptRecord]:
-        return [_receipt(row) for row in await self._unlogged("v.*", limit)]
+        # Whole receipts (read back after a restart, or settled by another process): rows
+        # too long for the loop, on the thread.
+        return [_receipt(row) for row in await self._unlogged("v.*", limit, self._fetchall)]
 
     async def unlogged_receipt_ids(self, limit: int) -> list[tuple[str, int]]:
-        return [(row[0], row[1]) for row in await self._unlogged("v.id, v.created_at", limit)]
+        # Read several times a second: on the loop, unless the list is long (receipts the
+        # log had to skip).
+        fetch = self._glance if limit <= _GLANCE_ROWS else self._fetchall
+        rows = await self._unlogged("v.id, v.created_at", limit, fetch)
+        return [(row[0], row[1]) for row in rows]
 
     async def skip_unloggable(self, receipt_ids: list[str]) -> None:
         """Nothing to write: unlogged receipts are those after the last logged one, so the
         next receipt logged passes them."""
 
     async def _unlogged(
-        self, columns: Literal["v.*", "v.id, v.created_at"], limit: int
+        self,
+        columns: Literal["v.*", "v.id, v.created_at"],
+        limit: int,
+        fetch: Callable[[str, tuple[object, ...]], Awaitable[list[sqlite3.Row]]],
     ) -> list[sqlite3.Row]:
         # Leaves follow receipts' issue order, so the search starts after the last logged
         # one (with tiles, else before them) instead of scanning every receipt ever issued.
         last_leaf = await self._glance(
             "SELECT receipt_id FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
         )
-        # The ids, read several times a second, on the loop (but a long list: receipts the
-        # log had to skip); whole receipts (read back after a restart, or settled by
-        # another process) on the thread.
-        small = columns == "v.id, v.created_at" and limit <= _GLANCE_ROWS
-        fetch = self._glance if small else self._fetchall
         return await fetch(
             f"SELECT {columns} FROM receipt_rows r JOIN receipts v ON v.seq = r.seq"  # noqa: S608
             " WHERE r.seq > max("
