@@ -20,6 +20,7 @@ time, 0.986x at 32 at a time.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Coroutine
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -75,12 +76,24 @@ async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
         awaited._asyncio_future_blocking = False  # taken over, as a task does
         while not awaited.done():
             try:
-                await asyncio.shield(awaited)
-            except asyncio.CancelledError as cancel:
-                if not awaited.cancelled():  # else the future itself was cancelled
-                    cancelled = cancel
-            except Exception:  # noqa: S110 - the future's own outcome: `work` gets it on resuming
-                pass
+                await _end_of(awaited)
+            except asyncio.CancelledError as cancel:  # only this task's: the waiter is ours
+                cancelled = cancel
+
+
+def _end_of(future: asyncio.Future[Any]) -> asyncio.Future[None]:
+    """A future of ours that ends (None) when `future` ends, however it ends, and whose
+    cancel leaves `future` alone: what `asyncio.shield` guarantees, at about half its
+    cost (1.6 µs against 2.9, a microbenchmark on uvloop), as shield also takes
+    coroutines, checks loops and carries the outcome, which `work` reads itself."""
+    waiter: asyncio.Future[None] = future.get_loop().create_future()
+    future.add_done_callback(functools.partial(_wake, waiter))
+    return waiter
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():  # else cancelled, its task gone on (and back for a new one)
+        waiter.set_result(None)
 
 
 class Hold:
