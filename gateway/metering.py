@@ -27,7 +27,7 @@ from model_gateway.gateway.config import ClusterConfig
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.metrics import Metrics
 from model_gateway.gateway.proofs.commitments import (
-    new_salt,
+    new_salts,
     request_commitment,
     response_commitment,
 )
@@ -220,7 +220,7 @@ class StorageMeter:
 
 def receipt_record(reservation: ReservationRecord, settlement: Settlement) -> ReceiptRecord:
     response_sha256 = settlement.response_sha256 or _EMPTY_SHA256
-    request_salt, response_salt = new_salt(), new_salt()
+    request_salt, response_salt = new_salts()
     return ReceiptRecord(
         id=settlement.receipt_id,
         reservation_id=reservation.id,

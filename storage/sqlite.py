@@ -153,6 +153,10 @@ def _is_int64(value: object) -> bool:
 
 def _split_usage(usage: dict[str, int]) -> tuple[int | None, int | None, str | None]:
     """Input and output tokens as integers, any other count as JSON (None: no other)."""
+    if len(usage) == 2:  # a chat's usage, every settlement: 0.4 µs against 1.4 below
+        input_tokens, output_tokens = usage.get("input_tokens"), usage.get("output_tokens")
+        if _is_int64(input_tokens) and _is_int64(output_tokens):
+            return input_tokens, output_tokens, None
     rest = dict(usage)
     counts = [rest.pop(n) if _is_int64(rest.get(n)) else None for n in _TOKEN_COUNTS]
     return counts[0], counts[1], orjson.dumps(rest).decode() if rest else None
