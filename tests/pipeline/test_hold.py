@@ -161,3 +161,33 @@ async def test_a_settle_that_raised_is_never_tried_again_and_the_release_frees_t
     await hold.release()
     assert hold.state == "released" and meter.reserved("p") == 0
     assert meter.projects["p"].balance == 1_000
+
+
+async def test_a_wait_cancelled_again_and_again_leaves_no_callbacks_behind(meter):
+    """Each cancel takes its wake-up off the future the meter awaits, as asyncio.shield
+    does: anyio cancels at every loop turn, and a write may wait seconds (a busy database),
+    so wake-ups left behind would pile up by the thousand until it ends."""
+    loop = asyncio.get_running_loop()
+    written = loop.create_future()
+    most = 0
+
+    def watch() -> None:
+        nonlocal most
+        most = max(most, len(written._callbacks or ()))
+        if not written.done():
+            loop.call_soon(watch)
+
+    class Waiting(type(meter)):
+        async def settle(self, reservation, settlement):
+            await written
+            await super().settle(reservation, settlement)
+
+    meter.__class__ = Waiting
+    hold = await Hold.take(meter, "p", None, 600)
+    loop.call_soon(watch)
+    loop.call_later(0.05, written.set_result, None)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await hold.settle(settlement(250))
+    assert hold.state == "settled" and meter.projects["p"].balance == 750
+    assert 1 <= most <= 2
