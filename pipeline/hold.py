@@ -97,7 +97,7 @@ async def _until_done(future: asyncio.Future[Any]) -> asyncio.CancelledError | N
 
 
 def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():  # else cancelled, its task gone on (and back for a new one)
+    if not waiter.done():  # else cancelled after `future` ended, this wake-up already queued
         waiter.set_result(None)
 
 
