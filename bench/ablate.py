@@ -13,6 +13,7 @@ Any argument after the ablation's name goes to paired.py (`--gateway` sets A's a
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import stat
 import subprocess
 import sys
@@ -43,10 +44,11 @@ def main() -> None:
         gateway = Path(rest[rest.index("--gateway") + 1])
     with tempfile.TemporaryDirectory() as tmp:
         ablated = Path(tmp) / "gateway"
+        site, target = shlex.quote(str(SITE)), shlex.quote(str(gateway))
         ablated.write_text(
             "#!/bin/sh\n"
-            f"PYTHONPATH={SITE}${{PYTHONPATH:+:$PYTHONPATH}} GATEWAY_ABLATION={name}"
-            f' exec {gateway} "$@"\n'
+            f"PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} GATEWAY_ABLATION={name}"
+            f' exec {target} "$@"\n'
         )
         ablated.chmod(ablated.stat().st_mode | stat.S_IXUSR)
         paired = [sys.executable, str(BENCH_DIR / "paired.py"), "--name-b", name]
