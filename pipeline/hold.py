@@ -37,7 +37,9 @@ Cancel = asyncio.CancelledError | None
 async def _to_the_end(meter: Meter, work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
     """Await `work` (a call of `meter`) to its end whatever cancels the caller meanwhile;
     its result, and the cancel of the caller if there was one, which the caller raises
-    once it has recorded the result (the same exception: an anyio scope knows its own)."""
+    once it has recorded the result (the same exception: an anyio scope knows its own).
+    When `work` fails after such a cancel, the cancel is raised, the failure its context:
+    the cancel wins, as it does over whatever a plain await would have raised."""
     if getattr(meter, "runs_in_caller", False):
         return await _stepped(work)
     return await _in_a_task(work)
@@ -46,13 +48,19 @@ async def _to_the_end(meter: Meter, work: Coroutine[Any, Any, T]) -> tuple[T, Ca
 async def _in_a_task(work: Awaitable[T]) -> tuple[T, Cancel]:
     task = asyncio.ensure_future(work)
     cancelled: Cancel = None
-    while True:
+    while not task.done():
         try:
-            return await asyncio.shield(task), cancelled
-        except asyncio.CancelledError as cancel:
-            if task.done():  # the work itself was cancelled, or ended as we were
-                return task.result(), cancel
+            await asyncio.shield(task)
+        except asyncio.CancelledError as cancel:  # ours, or the work's own (its result's)
             cancelled = cancel
+        except BaseException:  # noqa: S110 - the work's own failure: its result raises it
+            pass
+    try:
+        return task.result(), cancelled
+    except BaseException:
+        if cancelled is not None:
+            raise cancelled  # noqa: B904 - the failure is its context
+        raise
 
 
 async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
@@ -67,6 +75,10 @@ async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
             awaited = steps.send(None)
         except StopIteration as done:
             return done.value, cancelled
+        except BaseException:  # the work's own failure
+            if cancelled is not None:
+                raise cancelled  # noqa: B904 - the failure is its context
+            raise
         if awaited is None:  # a bare yield (sleep(0)): one turn of the loop
             try:
                 await asyncio.sleep(0)

@@ -191,3 +191,50 @@ async def test_a_wait_cancelled_again_and_again_leaves_no_callbacks_behind(meter
         await hold.settle(settlement(250))
     assert hold.state == "settled" and meter.projects["p"].balance == 750
     assert 1 <= most <= 2
+
+
+class FailingLate(SlowMeter):
+    """A settle that fails once the caller's cancel has come: its write's outcome unknown."""
+
+    async def settle(self, reservation: Reserved, settlement: Settlement) -> None:
+        await asyncio.sleep(0.05)
+        raise OSError("commit outcome unknown")
+
+
+async def test_a_cancel_that_came_before_the_meter_failed_is_what_the_task_ends_with(meter):
+    """The cancel wins over the failure, as over whatever a plain await would have raised:
+    the task ends cancelled (dispatch, when a client disconnects, counts on it), the failure
+    is the cancel's context, and the hold is left to its release."""
+    meter.__class__ = FailingLate
+    hold = await Hold.take(meter, "p", None, 600)
+    raised: list[BaseException] = []
+
+    async def settling() -> None:
+        try:
+            await hold.settle(settlement(400))
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    task = asyncio.create_task(settling())
+    await asyncio.sleep(0.01)  # inside the meter's write
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled() and isinstance(raised[0], asyncio.CancelledError)
+    assert isinstance(raised[0].__context__, OSError)
+    assert hold.state == "failed"
+    await hold.release()
+    assert hold.state == "released" and meter.reserved("p") == 0
+    assert meter.projects["p"].balance == 1_000
+
+
+async def test_an_anyio_scope_cancelled_while_the_meter_fails_catches_its_own_cancel(meter):
+    meter.__class__ = FailingLate
+    hold = await Hold.take(meter, "p", None, 600)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await hold.settle(settlement(400))
+    assert scope.cancelled_caught and hold.state == "failed"
+    await hold.release()
+    assert meter.reserved("p") == 0 and meter.projects["p"].balance == 1_000
