@@ -39,7 +39,8 @@ async def _to_the_end(meter: Meter, work: Coroutine[Any, Any, T]) -> tuple[T, Ca
     its result, and the cancel of the caller if there was one, which the caller raises
     once it has recorded the result (the same exception: an anyio scope knows its own).
     When `work` fails after such a cancel, the cancel is raised, the failure its context:
-    the cancel wins, as it does over whatever a plain await would have raised."""
+    the cancel wins, as for a task cancelled while it awaits a future, whose outcome then
+    never reaches it. (KeyboardInterrupt and SystemExit are not failures: they go on.)"""
     if getattr(meter, "runs_in_caller", False):
         return await _stepped(work)
     return await _in_a_task(work)
@@ -52,12 +53,13 @@ async def _in_a_task(work: Awaitable[T]) -> tuple[T, Cancel]:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError as cancel:  # ours, or the work's own (its result's)
-            cancelled = cancel
-        except BaseException:  # noqa: S110 - the work's own failure: its result raises it
-            pass
+            cancelled = cancelled or cancel
+        except BaseException:
+            if not task.done():  # not the work's outcome (this coroutine closed): goes on
+                raise
     try:
         return task.result(), cancelled
-    except BaseException:
+    except (Exception, asyncio.CancelledError):
         if cancelled is not None:
             raise cancelled  # noqa: B904 - the failure is its context
         raise
@@ -75,7 +77,7 @@ async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
             awaited = steps.send(None)
         except StopIteration as done:
             return done.value, cancelled
-        except BaseException:  # the work's own failure
+        except (Exception, asyncio.CancelledError):  # the work's own failure
             if cancelled is not None:
                 raise cancelled  # noqa: B904 - the failure is its context
             raise
@@ -139,7 +141,10 @@ class Hold:
         reservation, cancelled = await _to_the_end(meter, reserving)
         hold = cls(meter, reservation)
         if cancelled:
-            await hold.release()
+            try:
+                await hold.release()
+            except (Exception, asyncio.CancelledError):
+                raise cancelled  # noqa: B904 - the release's failure is its context
             raise cancelled
         return hold
 

@@ -238,3 +238,63 @@ async def test_an_anyio_scope_cancelled_while_the_meter_fails_catches_its_own_ca
     assert scope.cancelled_caught and hold.state == "failed"
     await hold.release()
     assert meter.reserved("p") == 0 and meter.projects["p"].balance == 1_000
+
+
+async def test_a_take_whose_release_fails_after_a_cancel_still_ends_cancelled(meter):
+    """Cancelled while reserving, the take releases what it reserved; when that release
+    fails, the cancel is still what the task ends with, the failure its context."""
+
+    class SlowReserveFailingRelease(type(meter)):
+        async def reserve(self, project_id, key_id, amount, *, watched=False):
+            await asyncio.sleep(0.05)
+            return await super().reserve(project_id, key_id, amount)
+
+        async def release(self, reservation):
+            raise OSError("release outcome unknown")
+
+    meter.__class__ = SlowReserveFailingRelease
+    raised: list[BaseException] = []
+
+    async def taking() -> None:
+        try:
+            await Hold.take(meter, "p", None, 600)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    task = asyncio.create_task(taking())
+    await asyncio.sleep(0.01)  # inside the meter's reserve
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled() and isinstance(raised[0].__context__, OSError)
+
+
+class Fatal(BaseException):
+    """Neither a failure nor a cancel: what KeyboardInterrupt and SystemExit are."""
+
+
+async def test_what_is_not_a_failure_goes_on_even_after_a_cancel(meter):
+    class Exiting(type(meter)):
+        async def settle(self, reservation, settlement):
+            await asyncio.sleep(0.05)
+            raise Fatal
+
+    meter.__class__ = Exiting
+    hold = await Hold.take(meter, "p", None, 600)
+    task = asyncio.create_task(hold.settle(settlement(400)))
+    await asyncio.sleep(0.01)  # inside the meter's write
+    task.cancel()
+    with pytest.raises(Fatal):
+        await task
+    assert hold.state == "failed"
+
+
+async def test_a_call_suspended_in_a_closed_coroutine_lets_the_close_through(meter):
+    """Closing the caller's coroutine (a loop torn down) throws GeneratorExit where it
+    waits: it must go through, not be taken for the work's outcome and waited past."""
+    hold = await Hold.take(meter, "p", None, 600)
+    settling = hold.settle(settlement(400))
+    settling.send(None)  # suspended inside the meter's write
+    settling.close()  # raises RuntimeError if the GeneratorExit was swallowed
+    await asyncio.sleep(0.1)  # the write, in a task of its own or abandoned, ends first
