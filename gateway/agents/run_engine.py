@@ -218,7 +218,7 @@ class AgentEngine:
         except BaseException:
             del self._live[run.id]
             raise
-        live.task = asyncio.create_task(self._drive(run, agent, live.control))
+        live.task = asyncio.create_task(self._drive(run, agent, live.control), name=f"run {run.id}")
         return run
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -276,6 +276,10 @@ class AgentEngine:
             output = await self._loop(_Run(run, agent, control))
         except RunStops as stop:
             status, error = stop.status, stop.error
+        except asyncio.CancelledError:  # the loop torn down past stop's wait: never completed
+            stop = _shutdown()
+            status, error = stop.status, stop.error
+            raise
         except Exception:
             log.exception("run %s failed", run.id)
             status, error = "failed", {"type": "internal_error", "message": "The run failed."}

@@ -242,6 +242,23 @@ async def test_a_gateway_that_stops_ends_its_runs_and_settles_what_ran(tmp_path,
         await storage.close()
 
 
+async def test_a_run_whose_task_is_cancelled_ends_failed_never_completed(gw):
+    """Past stop's wait, a loop torn down cancels what still runs: such a run ends as one
+    the gateway stopped, never `completed` without an output."""
+    project = await gw.project("1.00")
+    agent = await gw.tool_agent(project, timeout_s=30)
+    run = await gw.engine.start_run(
+        agent, input="```python\nimport time\ntime.sleep(10)\n```", budget=micros("1.00")
+    )
+    await _in_flight_step(gw, run.id, "sandbox")
+    (task,) = [task for task in asyncio.all_tasks() if task.get_name() == f"run {run.id}"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    run = await gw.storage.get_run(run.id)
+    assert (run.status, run.output, run.error["type"]) == ("failed", None, "service_unavailable")
+
+
 def test_console_bodies_decode_like_v1_bodies():
     request = decode_agent_request(b'{"name": "a", "model": "echo-1", "extra": 1}')
     assert msgspec.structs.asdict(request)["max_steps"] == 8
