@@ -7,6 +7,7 @@ caller's task (a meter with `runs_in_caller`, pipeline/ports.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import anyio
 import pytest
@@ -193,6 +194,27 @@ async def test_a_wait_cancelled_again_and_again_leaves_no_callbacks_behind(meter
     assert 1 <= most <= 2
 
 
+async def cancelled_midway(call: Awaitable[object]) -> BaseException:
+    """Await `call` in a task, cancel the task 10 ms in (inside the meter's call, whose
+    writes take 50), check that it ends cancelled, and return what `call` raised."""
+    raised: list[BaseException] = []
+
+    async def calling() -> None:
+        try:
+            await call
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    task = asyncio.create_task(calling())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    return raised[0]
+
+
 class FailingLate(SlowMeter):
     """A settle that fails once the caller's cancel has come: its write's outcome unknown."""
 
@@ -202,27 +224,13 @@ class FailingLate(SlowMeter):
 
 
 async def test_a_cancel_that_came_before_the_meter_failed_is_what_the_task_ends_with(meter):
-    """The cancel wins over the failure, as over whatever a plain await would have raised:
+    """The cancel wins over the failure, as for a task cancelled while it awaits a future:
     the task ends cancelled (dispatch, when a client disconnects, counts on it), the failure
     is the cancel's context, and the hold is left to its release."""
     meter.__class__ = FailingLate
     hold = await Hold.take(meter, "p", None, 600)
-    raised: list[BaseException] = []
-
-    async def settling() -> None:
-        try:
-            await hold.settle(settlement(400))
-        except BaseException as exc:
-            raised.append(exc)
-            raise
-
-    task = asyncio.create_task(settling())
-    await asyncio.sleep(0.01)  # inside the meter's write
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert task.cancelled() and isinstance(raised[0], asyncio.CancelledError)
-    assert isinstance(raised[0].__context__, OSError)
+    raised = await cancelled_midway(hold.settle(settlement(400)))
+    assert isinstance(raised, asyncio.CancelledError) and isinstance(raised.__context__, OSError)
     assert hold.state == "failed"
     await hold.release()
     assert hold.state == "released" and meter.reserved("p") == 0
@@ -253,21 +261,8 @@ async def test_a_take_whose_release_fails_after_a_cancel_still_ends_cancelled(me
             raise OSError("release outcome unknown")
 
     meter.__class__ = SlowReserveFailingRelease
-    raised: list[BaseException] = []
-
-    async def taking() -> None:
-        try:
-            await Hold.take(meter, "p", None, 600)
-        except BaseException as exc:
-            raised.append(exc)
-            raise
-
-    task = asyncio.create_task(taking())
-    await asyncio.sleep(0.01)  # inside the meter's reserve
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert task.cancelled() and isinstance(raised[0].__context__, OSError)
+    raised = await cancelled_midway(Hold.take(meter, "p", None, 600))
+    assert isinstance(raised, asyncio.CancelledError) and isinstance(raised.__context__, OSError)
 
 
 class Fatal(BaseException):
