@@ -60,9 +60,15 @@ async def _in_a_task(work: Awaitable[T]) -> tuple[T, Cancel]:
     try:
         return task.result(), cancelled
     except (Exception, asyncio.CancelledError):
-        if cancelled is not None:
-            raise cancelled  # noqa: B904 - the failure is its context
+        _cancel_wins(cancelled)
         raise
+
+
+def _cancel_wins(cancelled: Cancel) -> None:
+    """Raise the caller's recorded cancel, if any, over the failure being handled (which
+    becomes its context)."""
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
@@ -78,8 +84,7 @@ async def _stepped(work: Coroutine[Any, Any, T]) -> tuple[T, Cancel]:
         except StopIteration as done:
             return done.value, cancelled
         except (Exception, asyncio.CancelledError):  # the work's own failure
-            if cancelled is not None:
-                raise cancelled  # noqa: B904 - the failure is its context
+            _cancel_wins(cancelled)
             raise
         if awaited is None:  # a bare yield (sleep(0)): one turn of the loop
             try:
@@ -144,7 +149,7 @@ class Hold:
             try:
                 await hold.release()
             except (Exception, asyncio.CancelledError):
-                raise cancelled  # noqa: B904 - the release's failure is its context
+                _cancel_wins(cancelled)
             raise cancelled
         return hold
 

@@ -14,11 +14,11 @@ Which connection writes what (the rule; keep every new write to it)
   concurrently and often, they are the largest part of what metering costs a request
   (README, Speed: at one connection the settlement's write and what follows it, about
   210 of metering's 300 µs of CPU), and a commit per write is what they would cost
-  otherwise. The writer
-  runs the statements queued during one turn of the event loop in one transaction, on
-  the loop itself, because a hop to a worker thread and back (200-350 us measured on our
-  2-core VMs) costs more than a whole batch of single-row statements (reserve alone:
-  306 -> 79 us; 32 concurrent reserve+settle pairs: 10.4k -> 14.3k/s). A statement that
+  otherwise. The writer runs the statements queued during one turn of the event loop in
+  one transaction, on the loop itself, because a hop to a worker thread and back
+  (200-350 us measured on our 2-core VMs) costs more than a whole batch of single-row
+  statements (reserve alone: 306 -> 79 us; 32 concurrent reserve+settle pairs: 10.4k ->
+  14.3k/s). A statement that
   fails is undone alone (its trigger aborts only it), so batching changes no outcome.
   It is the process's one writer on the request's side: a second writing connection
   starves behind batches that follow one another (the log's appends did, under load).
