@@ -39,6 +39,7 @@ class World:
     archived: str
     books: Any  # async (project id=the first) -> (balance, reserved)
     plain_project_id: str
+    close: Any = None  # async () -> None: what the world holds open (a storage)
 
 
 async def memory_world(tmp_path) -> World:
@@ -98,13 +99,17 @@ async def storage_world(tmp_path) -> World:
         archived,
         books,
         plain.id,
+        storage.close,
     )
 
 
 @pytest.fixture(params=["memory", "storage"])
 async def world(request, tmp_path):
     build = memory_world if request.param == "memory" else storage_world
-    return await build(tmp_path)
+    world = await build(tmp_path)
+    yield world
+    if world.close is not None:
+        await world.close()  # its aiosqlite thread would keep the process from exiting
 
 
 def settlement(cost: int) -> Settlement:
