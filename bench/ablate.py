@@ -1,10 +1,12 @@
-"""What one part of the gateway costs: `bench/paired.py` with B the same gateway with that
+r"""What one part of the gateway costs: `bench/paired.py` with B the same gateway with that
 part taken out (bench/ablation/sitecustomize.py says what each ablation removes), so the
 difference is the part's cost in the same run. The README's Speed section cites them.
 
     python bench/ablate.py no-settle-sql --connections 1 --bare
     python bench/ablate.py no-log --connections 1
     python bench/ablate.py inline-write --connections 1 --rounds 6
+    python bench/ablate.py memory-meter --bare --name-a "metering off" \
+        --extra-a "$(printf '[metering]\nenabled = false')"
 
 Any argument after the ablation's name goes to paired.py (`--gateway` sets A's and B's
 `gateway`). An ablated gateway does not keep the books: measure with it, never serve.

@@ -53,7 +53,75 @@ def inline_write() -> None:
     Batcher.submit = submit
 
 
-ABLATIONS = {"no-settle-sql": no_settle_sql, "no-log": no_log, "inline-write": inline_write}
+def memory_meter() -> None:
+    """The request path's meter is pipeline.memory's: holds and charges exact, in memory
+    only (no SQL, no receipt, no log). What is left is metering's floor in this design:
+    the reservation and settle stages, the hold, the settlement's fields. Every project
+    holds 10^15 micro-units."""
+    from model_gateway.gateway import app
+    from model_gateway.pipeline.memory import MemoryMeter, Project
+
+    class Funded(dict[str, Project]):
+        def __missing__(self, project_id: str) -> Project:
+            project = self[project_id] = Project(project_id, balance=10**15)
+            return project
+
+    build = app.build_pipeline
+
+    def with_memory_meter(**options: object) -> object:
+        if options["meter"] is not None:
+            options["meter"] = MemoryMeter(Funded(), {})
+        return build(**options)
+
+    app.build_pipeline = with_memory_meter
+
+
+def journal() -> None:
+    """What a settlement journal folded by another process would cost this one: each
+    receipt is appended to a file with one `write` (msgpack; the file is never folded, so
+    the log has nothing to do), and a stream's hold is taken as a chat's is (from a
+    lease: no row, shown only by the lease's `in_use` writes). Its numbers are an upper
+    bound: the folding process's CPU is not there."""
+    import os
+    import tempfile
+
+    import msgspec
+
+    from model_gateway.gateway.leased_meter import LeasedMeter
+    from model_gateway.gateway.metering import StorageMeter
+    from model_gateway.storage import ReceiptRecord
+
+    descriptor, path = tempfile.mkstemp(prefix="journal-", suffix=".msgpack")
+    os.unlink(path)  # gone when the gateway exits
+    encode = msgspec.msgpack.Encoder().encode
+
+    async def append(self: StorageMeter, receipt: ReceiptRecord) -> bool:
+        os.write(descriptor, encode(receipt))
+        return True
+
+    reserve = LeasedMeter.reserve
+
+    async def unwatched(
+        self: LeasedMeter,
+        project_id: str,
+        key_id: str | None,
+        amount: int,
+        *,
+        watched: bool = False,
+    ) -> object:
+        return await reserve(self, project_id, key_id, amount)
+
+    StorageMeter._charge = append
+    LeasedMeter.reserve = unwatched
+
+
+ABLATIONS = {
+    "no-settle-sql": no_settle_sql,
+    "no-log": no_log,
+    "inline-write": inline_write,
+    "memory-meter": memory_meter,
+    "journal": journal,
+}
 
 if (_name := os.environ.get("GATEWAY_ABLATION")) is not None:
     ABLATIONS[_name]()
