@@ -115,12 +115,66 @@ def journal() -> None:
     LeasedMeter.reserve = unwatched
 
 
+def commit_after_response() -> None:
+    """A settlement's write is started and not awaited: the response goes out first, the
+    commit runs after it on the same loop (what a journal folded in this process would
+    give). A settlement that fails is then not noticed."""
+    import asyncio
+
+    from model_gateway.gateway.metering import StorageMeter
+    from model_gateway.storage import ReceiptRecord
+
+    running: set[asyncio.Task[bool]] = set()
+
+    async def started(self: StorageMeter, receipt: ReceiptRecord) -> bool:
+        if self.on_settling is not None:
+            self.on_settling(receipt)
+        task = asyncio.get_running_loop().create_task(self.storage.settle(receipt))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return True
+
+    StorageMeter._charge = started
+
+
+def watched_lease() -> None:
+    """A stream's hold is taken from a lease like a chat's, even while writes run, and
+    shown before the provider is called by an awaited write of the lease's `in_use`."""
+    from model_gateway.gateway.leased_meter import LeasedMeter, LeaseHold
+
+    reserve = LeasedMeter.reserve
+
+    async def shown(
+        self: LeasedMeter,
+        project_id: str,
+        key_id: str | None,
+        amount: int,
+        *,
+        watched: bool = False,
+    ) -> object:
+        if not watched:
+            return await reserve(self, project_id, key_id, amount)
+        idle = self.storage.writes_idle
+        self.storage.writes_idle = lambda: True  # type: ignore[method-assign]
+        try:
+            hold = await reserve(self, project_id, key_id, amount)
+        finally:
+            self.storage.writes_idle = idle  # type: ignore[method-assign]
+        if isinstance(hold, LeaseHold):
+            await self._write_in_use([hold.lease])
+        return hold
+
+    LeasedMeter.reserve = shown
+
+
 ABLATIONS = {
     "no-settle-sql": no_settle_sql,
     "no-log": no_log,
     "inline-write": inline_write,
     "memory-meter": memory_meter,
     "journal": journal,
+    "commit-after-response": commit_after_response,
+    "watched-lease": watched_lease,
 }
 
 if (_name := os.environ.get("GATEWAY_ABLATION")) is not None:
