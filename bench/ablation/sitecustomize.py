@@ -87,7 +87,6 @@ def journal() -> None:
 
     import msgspec
 
-    from model_gateway.gateway.leased_meter import LeasedMeter
     from model_gateway.gateway.metering import StorageMeter
     from model_gateway.storage import ReceiptRecord
 
@@ -99,20 +98,8 @@ def journal() -> None:
         os.write(descriptor, encode(receipt))
         return True
 
-    reserve = LeasedMeter.reserve
-
-    async def unwatched(
-        self: LeasedMeter,
-        project_id: str,
-        key_id: str | None,
-        amount: int,
-        *,
-        watched: bool = False,
-    ) -> object:
-        return await reserve(self, project_id, key_id, amount)
-
     StorageMeter._charge = append
-    LeasedMeter.reserve = unwatched
+    _stream_holds_from_leases(shown=False)
 
 
 def commit_after_response() -> None:
@@ -140,11 +127,17 @@ def commit_after_response() -> None:
 def watched_lease() -> None:
     """A stream's hold is taken from a lease like a chat's, even while writes run, and
     shown before the provider is called by an awaited write of the lease's `in_use`."""
+    _stream_holds_from_leases(shown=True)
+
+
+def _stream_holds_from_leases(*, shown: bool) -> None:
+    """A watched hold (a stream's) is taken as an unwatched one is; `shown`: from a lease
+    even while writes run, then written to the lease's `in_use` before it is returned."""
     from model_gateway.gateway.leased_meter import LeasedMeter, LeaseHold
 
     reserve = LeasedMeter.reserve
 
-    async def shown(
+    async def as_unwatched(
         self: LeasedMeter,
         project_id: str,
         key_id: str | None,
@@ -152,7 +145,7 @@ def watched_lease() -> None:
         *,
         watched: bool = False,
     ) -> object:
-        if not watched:
+        if not (watched and shown):
             return await reserve(self, project_id, key_id, amount)
         idle = self.storage.writes_idle
         self.storage.writes_idle = lambda: True  # type: ignore[method-assign]
@@ -164,7 +157,7 @@ def watched_lease() -> None:
             await self._write_in_use([hold.lease])
         return hold
 
-    LeasedMeter.reserve = shown
+    LeasedMeter.reserve = as_unwatched
 
 
 ABLATIONS = {
