@@ -26,7 +26,9 @@ Rules
   processes' leases of the project (a flag on their rows, which each process polls every
   `POLL_S`) and waits for their answers at most `RECALL_WAIT_S`, then tries once more.
   A process that answers gives back the free part of the recalled lease, takes no new
-  hold from it, and serves that project by direct holds for `COOL_DOWN_S`. So a request
+  hold from it, and serves that project by direct holds for `COOL_DOWN_S`; so does the
+  refused process, whose requests would otherwise lease again what it freed before its
+  retry. So a request
   is refused only when the holds of requests in flight, wherever they are, leave too
   little: today's rule (a dead process's leases wait for the sweeper, as its holds do).
 - A fenced instance (gateway/instance.py: it lost its registry lease) takes no hold,
@@ -253,8 +255,10 @@ class LeasedMeter(StorageMeter):
                 receipt_record(lease.record, settlement)
             )
         except BaseException:
-            # Committed or not, we cannot tell: the lease takes no new hold, so what its
-            # other requests hold stays covered either way. The hold stays open.
+            # Committed or not, we cannot tell: counted as charged, so that what the lease
+            # gives back never includes it (the lease keeps more than we count, never
+            # less), and the lease takes no new hold. The hold stays open.
+            lease.remaining -= settlement.cost
             self._retire(lease)
             raise
         lease.held -= reservation.amount
@@ -313,9 +317,18 @@ class LeasedMeter(StorageMeter):
             if size < max(amount, 1):
                 return None
             record = self._hold_record(project_id, key_id, size, month)
+            epoch = self.storage.admin_epoch()
             try:
-                await self.storage.grant_lease(record)
+                await self._write_hold(record, self.storage.grant_lease)
             except LimitReached:
+                return None
+            if self.storage.admin_epoch() != epoch:
+                # An admin change landed while the grant ran, which may have admitted it
+                # under the old limits: it serves no hold (the new limits apply to this
+                # one), and the housekeeping ends it.
+                retired = Lease(record, slot)
+                retired.retired = True
+                self._retired.add(retired)
                 return None
             demand.grant(size)
             # The slot's other leases could not cover this hold: they take no more, give
@@ -339,7 +352,10 @@ class LeasedMeter(StorageMeter):
 
     async def _make_room(self, project_id: str) -> None:
         """Give back this process's free leased money of the project and ask the others
-        for theirs, waiting at most `recall_wait_s` for their answers."""
+        for theirs, waiting at most `recall_wait_s` for their answers. Until the cool-down
+        ends this process serves the project by direct holds too, so that what it frees
+        goes to the retry, not to a new lease of its own."""
+        self._cooling[project_id] = time.monotonic() + COOL_DOWN_S
         await self.give_back(lambda lease: lease.record.project_id == project_id)
         await self.storage.recall_leases(project_id, self.owner)
         pending = await self.storage.pending_recalls(project_id, self.owner)
@@ -385,10 +401,16 @@ class LeasedMeter(StorageMeter):
         if lease.gone:
             return 0
         if lease.held == 0:
-            remaining, lease.gone = lease.remaining, True
+            lease.gone = True  # a concurrent give-back finds nothing to end
+            try:
+                await self.storage.release(lease.record.id)
+            except BaseException:
+                # Still retired: the next housekeeping (or `stop`) ends it, and until then
+                # its owner's renewals keep it, so it must not be forgotten.
+                lease.gone = False
+                raise
             self._retired.discard(lease)
-            await self.storage.release(lease.record.id)
-            return remaining
+            return lease.remaining
         free = lease.free
         if not (free or answer):
             return 0

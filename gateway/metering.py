@@ -19,7 +19,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from model_gateway.gateway.background import stop_tasks
@@ -166,9 +166,24 @@ class StorageMeter:
     ) -> ReservationRecord:
         """The atomic hold; LimitReached, uncounted and unexplained, when refused."""
         reservation = self._hold_record(project_id, key_id, amount, month)
-        await self.storage.reserve(reservation)
+        await self._write_hold(reservation, self.storage.reserve)
         self.open_holds += 1
         return reservation
+
+    async def _write_hold(
+        self, record: ReservationRecord, write: Callable[[ReservationRecord], Awaitable[None]]
+    ) -> None:
+        """Write a hold or a lease. One whose write fails otherwise than by a refusal may
+        have committed (PostgreSQL: the connection lost after COMMIT) with nobody to
+        release it: the sweeper deletes it (nothing, if it never was), so that this
+        process does not renew it forever."""
+        try:
+            await write(record)
+        except LimitReached:
+            raise
+        except BaseException:
+            self._unreleased.add(record.id)
+            raise
 
     def _hold_record(
         self, project_id: str, key_id: str | None, amount: int, month: str

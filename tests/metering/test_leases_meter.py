@@ -248,3 +248,129 @@ async def test_a_refusal_is_counted_once(storage):
     found = [line for line in metrics.text().decode().splitlines() if "refused_total{" in line]
     assert found == ['gateway_reservations_refused_total{reason="insufficient_balance"} 1.0']
     await meter.stop()
+
+
+async def test_a_lease_whose_end_fails_ends_at_the_next_turn(tmp_path):
+    """Its owner renews it while the process lives, so a lease whose DELETE failed must
+    stay known (retired) until one succeeds: else its money stays held for good."""
+    path = tmp_path / "busy.db"
+    storage = await SQLiteStorage.open(f"sqlite:///{path}", busy_timeout_s=0.2)
+    try:
+        pid, kid = await funded(storage, 1_000_000)
+        meter = LeasedMeter(storage, idle_s=0)
+        await meter.release(await meter.reserve(pid, kid, 100))
+        locker = sqlite3.connect(path, isolation_level=None)  # the CLI, an operator...
+        locker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StorageError):
+            await meter.keep()  # idle: retired, and its DELETE fails
+        locker.execute("ROLLBACK")
+        locker.close()
+        assert (await storage.project_account(pid, current_month())).leased > 0
+        await meter.keep()
+        assert (await storage.project_account(pid, current_month())).leased == 0
+    finally:
+        await storage.close()
+
+
+def committed_then_lost(write):
+    """The fault of a connection lost after COMMIT (PostgreSQL): the write lands, the call
+    raises."""
+
+    async def lost(record):
+        await write(record)
+        raise StorageError("connection lost after commit")
+
+    return lost
+
+
+async def test_a_settlement_that_committed_and_failed_keeps_the_leases_other_holds(storage):
+    """Counted as charged: what the lease gives back leaves its other holds covered, so
+    they are charged (the lease keeps more than counted if the settlement did not land)."""
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    first, second = await meter.reserve(pid, kid, 100), await meter.reserve(pid, kid, 100)
+    assert isinstance(first, LeaseHold) and first.lease is second.lease
+    settle = storage.settle
+    storage.settle = committed_then_lost(settle)
+    with pytest.raises(StorageError):
+        await meter.settle(first, settlement(100))
+    storage.settle = settle
+    await meter.release(first)
+    await meter.give_back(lambda lease: True)  # a refused hold makes room, a recall...
+    await meter.settle(second, settlement(100))
+    account = await storage.project_account(pid, current_month())
+    assert account.balance == 1_000_000 - 200
+    await meter.stop()
+
+
+async def test_a_lease_granted_across_an_admin_change_serves_no_hold(storage):
+    """Admitted under the old limits, its grant answered after the change: the new limits
+    apply to the hold that asked for it and to every one after."""
+    pid, kid = await funded(storage, 1_000_000)
+    await storage.update_project(pid, {"monthly_budget": 1000})
+    meter = LeasedMeter(storage)
+    grant, granted, answer = storage.grant_lease, asyncio.Event(), asyncio.Event()
+
+    async def answered_late(record):
+        await grant(record)
+        granted.set()
+        await answer.wait()
+
+    storage.grant_lease = answered_late
+    first = asyncio.create_task(meter.reserve(pid, kid, 50))
+    await granted.wait()
+    storage.grant_lease = grant
+    before = storage.admin_epoch()
+    await storage.update_project(pid, {"monthly_budget": 100})
+    while storage.admin_epoch() == before:  # PostgreSQL: the notification has arrived
+        await storage.health()
+    answer.set()
+    holds = [await first]
+    assert isinstance(holds[0], ReservationRecord)  # held directly, under the new budget
+    with pytest.raises(BudgetExceeded):
+        for _ in range(3):
+            holds.append(await meter.reserve(pid, kid, 50))
+    assert len(holds) == 2  # 50 + 50 of 100
+    for hold in holds:
+        await meter.settle(hold, settlement(50))
+    await meter.keep()  # the lease granted across the change ends
+    account = await storage.project_account(pid, current_month())
+    assert (account.month_spend, account.leased) == (100, 0)
+
+
+async def test_what_making_room_frees_goes_to_the_retry(storage):
+    """The refused process leases nothing of the project while it makes room: a request of
+    its own arriving meanwhile holds directly, and the retry finds the money freed."""
+    pid, kid = await funded(storage, 1000)
+    meter = LeasedMeter(storage, recall_wait_s=0)
+    await meter.release(await meter.reserve(pid, kid, 60))  # a lease, unused
+    pending = storage.pending_recalls
+    small: list[object] = []
+
+    async def a_request_meanwhile(project_id, owner):
+        small.append(await meter.reserve(pid, kid, 10))
+        return await pending(project_id, owner)
+
+    storage.pending_recalls = a_request_meanwhile
+    big = await meter.reserve(pid, kid, 600, watched=True)  # 600 + 10 of 1000
+    storage.pending_recalls = pending
+    assert isinstance(big, ReservationRecord) and isinstance(small[0], ReservationRecord)
+    await meter.release(big)
+    await meter.release(small[0])
+    await meter.stop()
+
+
+async def test_a_hold_written_and_failed_is_released_by_the_sweeper(storage):
+    """Committed or not, nobody has it: the sweeper deletes it (nothing, if it never
+    landed), so that its owner does not keep it renewed."""
+    pid, kid = await funded(storage, 1_000_000)
+    meter = LeasedMeter(storage)
+    reserve = storage.reserve
+    storage.reserve = committed_then_lost(reserve)
+    with pytest.raises(StorageError):
+        await meter.reserve(pid, kid, 100, watched=True)
+    storage.reserve = reserve
+    assert (await storage.project_account(pid, current_month())).reserved == 100
+    await meter._retry_releases()
+    assert (await storage.project_account(pid, current_month())).reserved == 0
+    await meter.stop()
