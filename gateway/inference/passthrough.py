@@ -23,6 +23,7 @@ from model_gateway.gateway.inference.renderers import ChatStream
 from model_gateway.gateway.inference.sse import BLANK_LINE
 from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
 from model_gateway.gateway.providers.chat_events import ChatEvent
+from model_gateway.gateway.providers.sse_blocks import parse_checked
 
 _NULL_USAGE = b',"usage":null'
 
@@ -39,7 +40,7 @@ class ChatPassThrough(ChatStream):
         for event in batch:
             block = self._passed(event)
             if block is None:
-                out.append(self.render(orjson.loads(event.data)))
+                out.append(self.render(parse_checked(event.data)))  # as checked
             else:
                 self._output.append(event.data)
                 out += (block, BLANK_LINE)

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-import orjson
-
 from model_gateway.gateway.inference.responses_stream import ResponsesEvents
 from model_gateway.gateway.inference.sse import BLANK_LINE, DONE, data_event, named_event
+from model_gateway.gateway.inference.tokens import message_output, response_text, text_of
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
@@ -21,6 +19,7 @@ from model_gateway.gateway.inference.usage import (
     shown_usage,
 )
 from model_gateway.gateway.providers.responses_events import RESPONSE_ENDS, ResponsesStreamEvent
+from model_gateway.gateway.providers.sse_blocks import parse_checked
 from model_gateway.pipeline.errors import GatewayError
 
 
@@ -34,23 +33,11 @@ def responses_tokens(usage: Any) -> dict[str, Any]:
     return reported(usage, RESPONSES_KEYS)
 
 
-def text_of(value: Any) -> str:
-    """A text an upstream sent, or "" when it sent something else where text belongs."""
-    return value if isinstance(value, str) else ""
-
-
 def chunk_output(chunk: dict) -> str:
-    """The model output a chat chunk carries: text, refusal, tool names and arguments."""
-    parts = []
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        parts.append(text_of(delta.get("content")))
-        parts.append(text_of(delta.get("refusal")))
-        for call in delta.get("tool_calls") or ():
-            function = call.get("function") or {}
-            parts.append(text_of(function.get("name")))
-            parts.append(text_of(function.get("arguments")))
-    return "".join(parts)
+    """The model output a chat chunk carries (see `tokens.message_output`)."""
+    return "".join(
+        message_output(choice.get("delta") or {}) for choice in chunk.get("choices") or ()
+    )
 
 
 def responses_error_event(error: GatewayError, request_id: str, sequence: int) -> bytes:
@@ -103,8 +90,10 @@ class ChatStream:
         return data_event(error.body(request_id))
 
     def output_text(self) -> str:
+        # Parsed as checked: a value another parser refuses (a number out of a float's
+        # range) cannot fail metering after the output went out.
         return "".join(
-            part if isinstance(part, str) else chunk_output(orjson.loads(part))
+            part if isinstance(part, str) else chunk_output(parse_checked(part))
             for part in self._output
         )
 
@@ -125,7 +114,6 @@ class TranslatedResponsesRenderer:
     def __init__(self, request: dict, prompt: str) -> None:
         self.events = ResponsesEvents(request)
         self.prompt = prompt
-        self._output: list[str] = []
         self._usage: Any = None  # as the upstream reported it
 
     @staticmethod
@@ -136,29 +124,32 @@ class TranslatedResponsesRenderer:
         return self._write(self.events.start())
 
     def feed(self, chunk: dict) -> bytes:
-        self._output.append(chunk_output(chunk))
         return self._write(self.events.feed(chunk))
 
     def finish(self) -> bytes:
         events = self.events
         self._usage = events.usage
-        events.usage = shown_usage(events.usage, self.prompt, self.output_text(), CHAT_KEYS)
+        events.usage = shown_usage(events.usage, self.prompt, self.output_text, CHAT_KEYS)
         return self._write(events.finish())
 
     def error(self, error: GatewayError, request_id: str) -> bytes:
         return responses_error_event(error, request_id, self.events.sequence)
 
     def output_text(self) -> str:
-        return "".join(self._output)
+        """What the translation delivered: the items it built (a chat refusal or reasoning
+        it has no item for is not delivered, so not counted)."""
+        return response_text({"output": self.events.output})
 
     def usage(self) -> dict[str, Any]:
         return chat_tokens(self._usage if self._usage is not None else self.events.usage)
 
 
-_DELTAS = {
+_DELTAS = {  # every delta of output the client is sent
     "response.output_text.delta",
     "response.function_call_arguments.delta",
     "response.refusal.delta",
+    "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta",
 }
 
 
@@ -184,7 +175,7 @@ class NativeResponsesRenderer:
             if block is not None and event.response is None:
                 out += (block, BLANK_LINE)  # as it came: nothing in it is the gateway's
             else:
-                out.append(self._rendered(name, msgspec.json.decode(data)))
+                out.append(self._rendered(name, parse_checked(data)))
         return b"".join(out)
 
     def _rendered(self, name: str, payload: dict) -> bytes:

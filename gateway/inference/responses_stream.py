@@ -18,6 +18,7 @@ from model_gateway.gateway.inference.responses_translate import (
     response_object,
     response_usage,
 )
+from model_gateway.gateway.inference.tokens import content_text
 
 Event = tuple[str, dict]
 
@@ -64,8 +65,9 @@ class ResponsesEvents:
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._text(delta["content"])
+            text = content_text(delta.get("content"))  # a string, or parts
+            if text:
+                events += self._text(text)
             for call in delta.get("tool_calls") or ():
                 events += self._call(call)
             if choice.get("finish_reason"):

@@ -14,13 +14,34 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text.encode()) // 4)
 
 
+def text_of(value: Any) -> str:
+    """A text an upstream sent, or "" when it sent something else where text belongs."""
+    return value if isinstance(value, str) else ""
+
+
 def content_text(content: Any) -> str:
     """The text of a message content: a string, or the text of its parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+        return "".join(text_of(part.get("text")) for part in content if isinstance(part, dict))
     return ""
+
+
+# The model's reasoning, as OpenAI-compatible servers stream it beside the content (vLLM,
+# llama.cpp, DeepSeek, Ollama): output the client receives, so output it is billed as.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def message_output(message: dict) -> str:
+    """The output a chat message (or a stream's delta) carries: its text, refusal and
+    reasoning, and its tool calls' names and arguments."""
+    parts = [content_text(message.get("content")), text_of(message.get("refusal"))]
+    parts += (text_of(message.get(field)) for field in REASONING_FIELDS)
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        parts += (text_of(function.get("name")), text_of(function.get("arguments")))
+    return "".join(parts)
 
 
 def chat_prompt_text(request: dict) -> str:
@@ -52,24 +73,21 @@ def responses_prompt_text(request: dict) -> str:
 
 
 def completion_text(completion: dict) -> str:
-    """The output of a chat completion: text, refusal, tool names and arguments."""
-    parts: list[str] = []
-    for choice in completion.get("choices") or ():
-        message = choice.get("message") or {}
-        parts.append(content_text(message.get("content")))
-        parts.append(message.get("refusal") or "")
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            parts.append((function.get("name") or "") + (function.get("arguments") or ""))
-    return "".join(parts)
+    """The output of a chat completion (see `message_output`)."""
+    return "".join(
+        message_output(choice.get("message") or {}) for choice in completion.get("choices") or ()
+    )
 
 
 def response_text(response: dict) -> str:
-    """The output of a Response object: message text, function names and arguments."""
+    """The output of a Response object: message text, reasoning (its summary and text),
+    function names and arguments."""
     parts: list[str] = []
     for item in response.get("output") or ():
         if item.get("type") == "message":
             parts.append(content_text(item.get("content")))
+        elif item.get("type") == "reasoning":
+            parts += (content_text(item.get("summary")), content_text(item.get("content")))
         elif item.get("type") == "function_call":
-            parts.append((item.get("name") or "") + (item.get("arguments") or ""))
+            parts += (text_of(item.get("name")), text_of(item.get("arguments")))
     return "".join(parts)

@@ -18,6 +18,7 @@ from model_gateway.gateway.providers.shapes import MessagesAnswer, MessagesEvent
 from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
+    drained,
     parse_json,
     reported_error,
     stream_ended_early,
@@ -56,5 +57,8 @@ class AnthropicProvider(HttpProvider):
                     raise reported_error(self.name)
                 for chunk in translator.feed(payload):
                     yield chunk
+                if translator.done:
+                    await drained(events)
+                    break
         if not translator.done:
             raise stream_ended_early(self.name)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import orjson
-
 from model_gateway.gateway.providers.chat_events import ChatEvent, ChatEvents
 from model_gateway.gateway.providers.responses_events import (
     NativeResponsesEvents,
@@ -24,9 +22,11 @@ from model_gateway.gateway.providers.shapes import (
     ResponsesAnswer,
     checked,
 )
+from model_gateway.gateway.providers.sse_blocks import parse_checked
 from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
+    drained,
     stream_ended_early,
 )
 
@@ -58,7 +58,7 @@ class OpenAIProvider(HttpProvider):
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 for event in batch:
-                    yield orjson.loads(event.data)
+                    yield parse_checked(event.data)  # the parser that checked it
 
     async def responses(self, request: dict, acceptance: Acceptance) -> dict:
         answer = await self.post_json("/responses", request, acceptance, optional_endpoint=True)
@@ -79,12 +79,13 @@ class OpenAIProvider(HttpProvider):
         good events before it; an early end raised once the connection is read out."""
         async with contextlib.aclosing(reads):
             async for read in reads:
-                if events.done:
-                    continue  # read on to the end so that the connection is reused
                 batch, failure = events.feed(read)
                 if batch:
                     yield batch
                 if failure is not None:
                     raise failure
+                if events.done:
+                    await drained(reads)
+                    break
         if not events.complete:
             raise stream_ended_early(self.name)

@@ -70,6 +70,12 @@ def _decoded(decoder: SSEDecoder, read: bytes) -> list[Block]:
     ]
 
 
+# A checked event's data as Python objects: by msgspec, as it was checked, with a number
+# out of a float's range read as inf (as Python's json reads it), so that nothing refuses
+# an event after it went out.
+parse_checked = msgspec.json.Decoder(float_hook=float).decode
+
+
 def decode_event(
     decode: Callable[[bytes], T], data: bytes, block: bytes | None, provider: str
 ) -> tuple[T, bytes, bytes | None]:
@@ -78,9 +84,11 @@ def decode_event(
     not decode into its shape is the upstream's malformed answer."""
     try:
         return decode(data), data, block
+    except RecursionError:  # nested past msgspec's limit
+        raise malformed(provider) from None
     except (msgspec.DecodeError, UnicodeDecodeError):
         data = data.decode("utf-8", "replace").encode()
         try:
             return decode(data), data, None
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             raise malformed(provider) from None

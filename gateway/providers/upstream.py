@@ -12,6 +12,7 @@ body or credential is ever put in one. Timeouts are the caller's (one rule for a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import weakref
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.providers")
 
 _CONNECT_TIMEOUT_S = 10.0
+# How long the rest of a finished stream's body is read for: the end of its chunked body
+# normally comes with the last event; one that does not come only loses the connection.
+DRAIN_S = 0.5
 
 
 class ResponsesUnsupported(Exception):
@@ -140,6 +144,17 @@ def malformed(provider: str) -> ProviderError:
     return UpstreamFailure(
         "bad_response", "The upstream provider sent a malformed response.", detail="malformed"
     )
+
+
+async def drained(rest: AsyncIterator[object]) -> None:
+    """Read what is left of a stream whose last event came, so that its connection goes
+    back to the pool. What the upstream does after that event (keeps the connection
+    open, resets it, sends more) is not the answer's: the client's stream ends now."""
+    # Whatever it raises (TimeoutError included), the connection closes instead.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in rest:
+                pass
 
 
 def unreachable(provider: str, exc: BaseException) -> ProviderError:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_openai import FakeOpenAI
+from tests.support.fake_openai import OPENAI_STREAM_MODES, FakeOpenAI
 from tests.support.fake_upstream import BROKEN_USAGE_MODES, MALFORMED
 from tests.support.gateway_process import GatewayProcess
 from tests.support.inference import (
@@ -26,7 +26,14 @@ from tests.support.inference import (
 
 # Fault modes of the fakes beyond tests.support.inference.MODES, served as the same
 # `<provider>/<mode>` models.
-MORE_MODES = ["stall-after-accept", "stall-before-first", MALFORMED, *BROKEN_USAGE_MODES]
+MORE_MODES = [
+    "stall-after-accept",
+    "stall-before-first",
+    "done-then-hang",
+    MALFORMED,
+    *BROKEN_USAGE_MODES,
+    *OPENAI_STREAM_MODES,
+]
 PROVIDERS = {"oa": "fakeai", "oa-chat": "fakeai-chatonly", "an": "fakeanthropic"}
 
 

@@ -110,6 +110,15 @@ def test_an_in_band_error_ends_the_batch_after_the_events_before_it():
     assert "secret" not in str(failure.message)
 
 
+def test_an_event_nested_past_the_parsers_limit_is_malformed():
+    """msgspec refuses it with a RecursionError (the nesting may sit in a field the
+    gateway never reads): the upstream's malformed answer, not an internal error."""
+    nested = b'data: {"x":' + b"[" * 5000 + b"]" * 5000 + b"}\n\n"
+    batch, failure = ChatEvents("test").feed(CONTENT[0] + b"\n\n" + nested)
+    assert [event.block for event in batch] == CONTENT[:1]
+    assert isinstance(failure, UpstreamFailure) and failure.detail == "malformed"
+
+
 def test_usage_the_upstream_never_sent_leaves_the_text_to_count():
     out, renderer = relay([b"".join(event + b"\n\n" for event in CONTENT) + DONE], True)
     assert out == b"".join(e.replace(UPSTREAM, OURS) + b"\n\n" for e in CONTENT) + DONE

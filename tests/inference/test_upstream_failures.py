@@ -13,7 +13,7 @@ import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
 from tests.support.errors import assert_error
-from tests.support.fake_upstream import REPLY_PIECES, SECRET, SLOW_S
+from tests.support.fake_upstream import REPLY, REPLY_PIECES, SECRET, SLOW_S
 from tests.support.inference import IMPATIENT_TIMEOUT_S, read_sse, sse_payloads
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
@@ -139,3 +139,57 @@ def test_stream_silent_after_output_times_out_in_band(impatient_http, provider, 
     assert _delivered_text(endpoint, response.content) == "".join(REPLY_PIECES[:2])
     receipt = impatient_http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
     assert receipt["status"] == "failed"
+
+
+def test_reasoning_delivered_then_cut_is_billed_failed(http):
+    """vLLM, DeepSeek, Ollama stream the model's reasoning beside its content: output the
+    client received, billed when the stream then fails."""
+    response = http.post(PATHS["chat"], json=body("chat", "oa/reasoning-cut-mid-stream", True))
+    assert_in_band_error("chat", response, "provider_error")
+    chunks = [p for p in sse_payloads(response.content) if isinstance(p, dict) and p.get("choices")]
+    delivered = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks)
+    assert delivered == "".join(REPLY_PIECES[:3])
+    receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert receipt["status"] == "failed"
+    assert receipt["usage"]["output_tokens"] == estimate_tokens(delivered)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_content_in_parts_is_counted_when_usage_never_comes(http, stream):
+    response = http.post(PATHS["chat"], json=body("chat", "oa/parts-no-usage", stream))
+    assert response.status_code == 200
+    receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert (receipt["status"], receipt["usage_source"]) == ("succeeded", "gateway")
+    assert receipt["usage"]["output_tokens"] == estimate_tokens(REPLY)
+
+
+def test_translated_responses_take_content_in_parts(http):
+    """A chat-only upstream's content parts become Responses text, not an internal error."""
+    response = http.post(PATHS["responses"], json=body("responses", "oa-chat/parts-no-usage", True))
+    assert _delivered_text("responses", response.content) == REPLY
+    assert sse_payloads(response.content)[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "provider"), [("chat", "oa"), ("chat", "an"), ("responses", "oa")]
+)
+def test_a_stream_ends_at_its_last_event_whatever_the_upstream_does_next(http, endpoint, provider):
+    """An upstream that keeps its body open after the last event: the client's stream ends
+    at once and succeeds (only the connection is lost)."""
+    started = time.monotonic()
+    response = http.post(PATHS[endpoint], json=body(endpoint, f"{provider}/done-then-hang", True))
+    assert time.monotonic() - started < 3  # the drain's 0.5 s, not the gateway's timeout
+    assert not [p for p in sse_payloads(response.content) if isinstance(p, dict) and "error" in p]
+    receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert receipt["status"] == "succeeded"
+
+
+def test_a_number_beyond_a_double_cuts_nothing(http):
+    """An event passes the shape check with 1e400 in a field the gateway does not read:
+    metering reads it with the same parser, so the stream ends and is billed."""
+    response = http.post(PATHS["chat"], json=body("chat", "oa/huge-number", True))
+    assert response.content.endswith(b"data: [DONE]\n\n")
+    assert b"1e400" in response.content  # passed through as it came
+    receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
+    assert (receipt["status"], receipt["usage_source"]) == ("succeeded", "gateway")
+    assert receipt["usage"]["output_tokens"] == estimate_tokens(REPLY)

@@ -33,6 +33,24 @@ def _chat_usage(model: str) -> dict:
     return usage_for(model, usage)
 
 
+# Chat stream modes of this fake only (see fake_upstream's table).
+REASONING_CUT = "reasoning-cut-mid-stream"  # the text as `reasoning_content`, then cut
+PARTS = "parts-no-usage"  # the text as content parts, no usage
+HUGE_NUMBER = "huge-number"  # every chunk also carries 1e400, beyond a double; no usage
+NO_USAGE = {"no-usage", PARTS, HUGE_NUMBER}
+OPENAI_STREAM_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER]
+
+
+def _delta(model: str, piece: str) -> dict | str:
+    if model == MALFORMED:
+        return "not a delta"
+    if model == REASONING_CUT:
+        return {"reasoning_content": piece}
+    if model == PARTS:
+        return {"content": [{"type": "text", "text": piece}]}
+    return {"content": piece}
+
+
 def _reply(body: dict) -> tuple[list[str], str, dict | None]:
     """(text pieces, finish_reason, tool call) the fake answers `body` with."""
     model = body["model"]
@@ -93,7 +111,7 @@ class FakeOpenAI(FakeUpstream):
                     }
                 ],
             }
-            if model != "no-usage":
+            if model not in NO_USAGE:
                 payload["usage"] = _chat_usage(model)
             return await self.answer(request, model, payload)
         include_usage = (body.get("stream_options") or {}).get("include_usage")
@@ -108,6 +126,8 @@ class FakeOpenAI(FakeUpstream):
             }
             if include_usage:
                 payload["usage"] = None
+            if model == HUGE_NUMBER:
+                return sse({**payload, "x": 0}).replace(b'"x":0', b'"x":1e400')
             return sse(payload)
 
         events = [chunk({"role": "assistant", "content": ""})]
@@ -119,9 +139,9 @@ class FakeOpenAI(FakeUpstream):
                     chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
                 )
         for piece in pieces:
-            events.append(chunk("not a delta" if model == MALFORMED else {"content": piece}))
+            events.append(chunk(_delta(model, piece)))
         events.append(chunk({}, finish))
-        if include_usage and model != "no-usage":
+        if include_usage and model not in NO_USAGE:
             usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model}
             events.append(sse({**usage, "choices": [], "usage": _chat_usage(model)}))
         events.append(b"data: [DONE]\n\n")

@@ -33,6 +33,13 @@ The fault is chosen by the requested upstream model name:
 | usage-not-object       | usage is a string               | the same                      |
 | malformed-shape        | the message (output, content)   | text events' delta (or        |
 |                        | is not an object/list           | response) of the wrong type   |
+| done-then-hang         | normal                          | every event, then hangs       |
+|                        |                                 | without ending the body       |
+| reasoning-cut-mid-stream (OpenAI) | normal               | the text as reasoning_content,|
+|                        |                                 | cut as cut-mid-stream         |
+| parts-no-usage (OpenAI)| no usage                        | the text as content parts, no |
+|                        |                                 | usage                         |
+| huge-number (OpenAI)   | no usage                        | chunks carry 1e400; no usage  |
 
 Hanging answers record the moment the gateway closed the connection in `disconnected`.
 """
@@ -66,6 +73,7 @@ BROKEN_COUNTS = {
     "usage-huge": 2**63,
 }
 BROKEN_USAGE_MODES = [*BROKEN_COUNTS, "usage-not-object"]
+CUT_MODES = {"cut-mid-stream", "reasoning-cut-mid-stream"}
 MALFORMED = "malformed-shape"  # what the gateway reads of an answer, in a wrong type
 _COUNT_KEYS = frozenset(
     {"prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"}
@@ -247,10 +255,12 @@ class FakeUpstream:
                     await self.hang(request, model)
                 if model == "hang-stream" and i == text_from + 1:
                     await self.hang(request, model)
-                if model == "cut-mid-stream" and i == text_from + 2:
+                if model in CUT_MODES and i == text_from + 2:
                     await asyncio.sleep(0.05)
                     request.transport.abort()
                     return response
+            if model == "done-then-hang":
+                await self.hang(request, model)
         except (ConnectionResetError, asyncio.CancelledError):
             self.disconnected[model] = time.monotonic()
             raise
