@@ -19,13 +19,14 @@ def routes(console) -> list[Endpoint]:
         email = fields.string("email", required=True, max_length=320)
         password = fields.string("password", required=True, max_length=1024, strip=False)
         address = call.request.client.host if call.request.client else "unknown"
-        await console.throttle.check(email, address)
-        user = await console.storage.get_user(email)
-        usable = user is not None and not user.disabled
-        if not await check_password(user.password_hash if usable else None, password):
-            await console.throttle.failed(email, address)
-            raise Unauthenticated(WRONG_CREDENTIALS)
-        await console.throttle.succeeded(email)
+        async with console.throttle.turn(email, address):
+            await console.throttle.check(email, address)
+            user = await console.storage.get_user(email)
+            usable = user is not None and not user.disabled
+            if not await check_password(user.password_hash if usable else None, password):
+                await console.throttle.failed(email, address)
+                raise Unauthenticated(WRONG_CREDENTIALS)
+            await console.throttle.succeeded(email)
         await console.purge()  # expired sessions and stale failures, at each sign-in
         # A new session id at every sign-in; a session the browser brought along ends.
         await console.sessions.end(call.request.scope)

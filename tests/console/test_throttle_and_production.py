@@ -3,6 +3,7 @@ with small numbers in its `[console]` section."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import httpx
@@ -51,6 +52,20 @@ def test_failures_for_one_email_answer_429_until_the_window_passes(small):
     assert client.login("b@example.com").status_code == 200  # another email is not blocked
     time.sleep(retry + 0.5)
     assert client.login("a@example.com").status_code == 200
+
+
+def test_concurrent_guesses_are_counted_as_they_come(wide_window):
+    """Guesses sent at once take turns: the count is checked, the password verified and a
+    failure recorded before the next guess is checked (the hash takes tens of ms, during
+    which every concurrent guess used to pass the check)."""
+    clients = [ConsoleClient(wide_window) for _ in range(10)]
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+        answers = list(pool.map(lambda c: c.login("a@example.com", "wrong password!"), clients))
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses == [401] * 3 + [429] * 7
+    assert ConsoleClient(wide_window).login("a@example.com").status_code == 429
+    for client in clients:
+        client.close()
 
 
 def test_failures_from_one_address_answer_429_for_every_email(wide_window):
