@@ -81,7 +81,10 @@ def text_line(record: dict[str, object]) -> str:
         f"{record['duration_ms']}ms",
         *(f"{name}={record[field]}" for name, field in _TEXT_FIELDS if record[field] is not None),
     ]
-    return " ".join(words)
+    line = " ".join(words)
+    # One request, one line: a control character a client put in its path (uvicorn
+    # decodes %0a) is escaped, so that no request writes a line of its own.
+    return line if line.isprintable() else line.encode("unicode_escape").decode("ascii")
 
 
 class AccessLog:

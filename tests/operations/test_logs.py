@@ -66,6 +66,23 @@ def test_one_access_line_per_request_without_secrets(tmp_path, log_format):
             assert part in line
 
 
+def test_a_path_cannot_write_a_line_of_its_own(tmp_path):
+    """uvicorn decodes %0a in a path: the text format escapes it, so that a request with
+    no key cannot forge an access line (here, one that bills a project)."""
+    process = serve(tmp_path, "text")
+    forged = "2026-11-27 09:00:00 INFO gateway.access req_0 POST /v1/chat/completions 200"
+    try:
+        path = "/x%0a" + forged.replace(" ", "%20") + "%20project=proj_victim"
+        answer = httpx.get(process.url + path)
+        assert answer.status_code == 404
+    finally:
+        process.stop()
+    lines = process.log().splitlines()
+    assert not [line for line in lines if line.startswith(forged)]
+    line = next(line for line in lines if answer.headers["x-request-id"] in line)
+    assert "/x\\n2026-11-27" in line and "project=proj_victim 404 " in line
+
+
 def test_the_start_up_summary_names_what_is_ready_and_why_not(tmp_path):
     process = serve(tmp_path, "text")
     process.stop()
