@@ -46,7 +46,7 @@ _FULL_TILE_CACHE = "public, max-age=31536000, immutable"
 _PARTIAL_TILE_CACHE = "public, max-age=60"
 _CHECKPOINT_CACHE = "no-cache"
 _JSON_MEDIA_TYPE = "application/json; charset=utf-8"
-_MAX_SIZE_DIGITS = 19
+_MAX_SIZE = 2**63 - 1  # storage's integers: a tree is never larger
 
 
 class _FromScope:
@@ -85,7 +85,7 @@ def _size(query: dict[str, list[str]], name: str, *, required: bool) -> int | No
             raise InvalidRequest(f"`{name}` is required: a tree size.", param=name)
         return None
     text = values[-1]
-    if not text.isascii() or not text.isdigit() or len(text) > _MAX_SIZE_DIGITS:
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) > _MAX_SIZE:
         raise InvalidRequest(f"`{name}` must be a tree size, a whole number.", param=name)
     return int(text)
 

@@ -194,7 +194,10 @@ def tile_path(level: int | str, index: int, width: int = TILE_WIDTH) -> str:
     return f"tile/{level}/{index_path(index)}{suffix}"
 
 
-_TILE = re.compile(r"(entries|0|[1-9][0-9]?)/((?:x[0-9]{3}/)*[0-9]{3})(?:\.p/([1-9][0-9]{0,2}))?")
+# At most 7 groups of 3 digits: a tile index of a tree of 2**63 leaves has 17.
+_TILE = re.compile(
+    r"(entries|0|[1-9][0-9]?)/((?:x[0-9]{3}/){0,6}[0-9]{3})(?:\.p/([1-9][0-9]{0,2}))?"
+)
 
 
 def parse_tile_path(path: str) -> tuple[int | str, int, int] | None:

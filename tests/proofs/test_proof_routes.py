@@ -165,3 +165,20 @@ async def test_an_empty_log_publishes_the_signed_checkpoint_of_the_empty_tree(se
     assert entries.content[:2] == len(entry).to_bytes(2, "big")
     assert leaf_hash(entry) == tile.content
     assert orjson.loads(entry)["id"] == receipt_id
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/api/proofs/consistency?first=9223372036854775808", 400),  # beyond storage's ints
+        ("/api/proofs/consistency?first=1&second=9999999999999999999", 400),
+        ("/api/proofs/log/tile/0/" + "x001/" * 1500 + "001", 404),  # beyond int()'s digits
+        ("/api/proofs/log/tile/entries/" + "x001/" * 7 + "001", 404),  # past any tree
+    ],
+)
+async def test_proof_requests_out_of_range_are_refused_not_failed(served, path, status):
+    _, client = served
+    response = await client.get(path)
+    assert response.status_code == status
+    if status == 400:
+        assert response.json()["error"]["param"] in ("first", "second")
