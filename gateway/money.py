@@ -7,6 +7,11 @@ from decimal import Decimal, InvalidOperation
 MICROS_PER_UNIT = 1_000_000
 
 
+# No credit, budget, limit or price is larger, and sums of several stay within storage's
+# 64-bit integers (9.2 * 10**18 micro-units).
+MAX_UNITS = 10**12
+
+
 def parse_amount(value: str | int | float | Decimal) -> int:
     """A wire amount ("12.5", 12.5, 12) to micro-units; more than 6 decimals is an error."""
     if isinstance(value, bool):
@@ -18,6 +23,8 @@ def parse_amount(value: str | int | float | Decimal) -> int:
         raise ValueError(f"not a decimal amount: {value!r}") from None
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"an amount must be a finite, non-negative number: {value!r}")
+    if amount > MAX_UNITS:
+        raise ValueError(f"an amount is at most {MAX_UNITS:,}: {value!r}")
     micros = amount * MICROS_PER_UNIT
     if micros != micros.to_integral_value():
         raise ValueError(f"an amount has at most 6 decimals: {value!r}")

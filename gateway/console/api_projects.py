@@ -113,7 +113,7 @@ def routes(console) -> list[Endpoint]:
         options = {
             "models": fields.string_list("models"),
             "monthly_limit": fields.amount("monthly_limit"),
-            "expires_at": fields.time("expires_at"),
+            "expires_at": fields.time("expires_at", future=True),
             "rpm": fields.positive_int("rpm"),
         }
         name = fields.string("name")

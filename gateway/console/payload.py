@@ -7,8 +7,10 @@ from datetime import UTC, date, datetime
 from model_gateway.gateway import keys
 from model_gateway.gateway.money import parse_amount
 from model_gateway.pipeline.errors import InvalidRequest
+from model_gateway.storage.base import now_s
 
 _MISSING = object()
+_MAX_INT = 2**63 - 1  # storage's integers
 
 
 class Fields:
@@ -57,7 +59,7 @@ class Fields:
         value = self._get(name, False)
         if value is _MISSING or value is None:
             return None
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _MAX_INT:
             raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
         return value
 
@@ -73,25 +75,30 @@ class Fields:
 
     def scopes(self, name: str = "scopes") -> frozenset[str]:
         value = self._get(name, True)
-        text = ",".join(value) if isinstance(value, list) else value
-        if not isinstance(text, str) or not all(isinstance(v, str) for v in value):
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
+        if not isinstance(value, str):
             raise InvalidRequest(f"'{name}' must be a list of scopes.", param=name)
         try:
-            return keys.parse_scopes(text)
+            return keys.parse_scopes(value)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param=name) from None
 
-    def time(self, name: str):
+    def time(self, name: str, *, future: bool = False):
         value = self._get(name, False)
         if value is _MISSING or value is None:
             return None
         try:
             moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            seconds = int(moment.timestamp())
+            datetime.fromtimestamp(seconds, UTC)  # shown in UTC: 9999-12-31 at -14:00 is not
+        except (ValueError, OverflowError):
             raise InvalidRequest(f"'{name}' must be an RFC 3339 time.", param=name) from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        return int(moment.timestamp())
+        if future and seconds <= now_s():
+            raise InvalidRequest(f"'{name}' must be in the future.", param=name)
+        return seconds
 
     def unknown(self) -> None:
         extra = sorted(set(self.body) - self.read)

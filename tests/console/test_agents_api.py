@@ -137,6 +137,11 @@ def test_bodies_are_checked_with_the_field_named(owner, funded):
         f"/console/api/agents/{agent['id']}/runs", {"input": "hi", "budget": "lots"}
     )
     assert bad_budget.status_code == 400 and bad_budget.json()["error"]["param"] == "budget"
+    for huge in ("1e30", "1E+999999", 1e300):  # beyond storage's integers: were 500s
+        too_big = owner.post(
+            f"/console/api/agents/{agent['id']}/runs", {"input": "hi", "budget": huge}
+        )
+        assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "budget"
 
 
 def test_a_run_is_found_only_under_its_own_agent(owner, funded):

@@ -31,6 +31,9 @@ def test_bad_project_fields_are_400_with_param(owner):
         ({}, "name"),
         ({"name": "x", "monthly_budget": "abc"}, "monthly_budget"),
         ({"name": "x", "rpm": 0}, "rpm"),
+        ({"name": "x", "rpm": 2**63}, "rpm"),  # beyond storage's integers: was a 500
+        ({"name": "x", "monthly_budget": "1e30"}, "monthly_budget"),  # the same
+        ({"name": "x", "monthly_budget": "1E+999999"}, "monthly_budget"),  # decimal.Overflow
         ({"name": "x", "colour": "red"}, "colour"),
     ]:
         response = owner.post("/console/api/projects", body)
@@ -134,6 +137,11 @@ def test_bad_key_fields_are_400(owner, project):
         ({"scopes": []}, "scopes"),
         ({"scopes": ["wizardry"]}, "scopes"),
         ({"scopes": ["inference"], "expires_at": "soon"}, "expires_at"),
+        ({"scopes": [1]}, "scopes"),  # the following were 500s
+        ({"scopes": ["inference"], "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
+        ({"scopes": ["inference"], "expires_at": "9999-12-31T23:59:59-14:00"}, "expires_at"),
+        ({"scopes": ["inference"], "monthly_limit": "1E+999999"}, "monthly_limit"),
+        ({"scopes": ["inference"], "rpm": 2**63}, "rpm"),
     ]:
         response = owner.post(path, body)
         assert response.status_code == 400, body
