@@ -53,7 +53,7 @@ def keyed_stages(
     default_project_rpm: int,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> list[Middleware]:
-    """The stages of an authenticated request, from its body to its settlement, in order."""
+    """The stages of an authenticated request, from its key to its settlement, in order."""
     # `meter` None turns metering off: only for benchmarks that measure what it costs.
     metering = []
     if meter is not None:
@@ -62,9 +62,10 @@ def keyed_stages(
             Middleware(Settle),  # on the way out: charge actual, free the rest, write the receipt
         ]
     return [
-        Middleware(BodyLimit, max_bytes=max_body_bytes),  # JSON content type, 2 MiB as it streams
+        # Credentials first, from the headers: a client without a key never has a body read.
         authenticate,  # 401 invalid_api_key / 403 archived (or a console session)
         Middleware(KeyScope),  # 403 insufficient_scope
+        Middleware(BodyLimit, max_bytes=max_body_bytes),  # JSON content type, 2 MiB as it streams
         Middleware(Policy, catalog=catalog),  # decode + model rules: 400/403/404/503
         Middleware(Admission),  # the endpoint's own checks with I/O (a sandbox: 404)
         Middleware(

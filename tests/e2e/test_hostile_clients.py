@@ -281,3 +281,18 @@ def test_a_later_head_dripped_on_a_kept_alive_connection_is_disconnected(strict)
         assert status(answer(sock)) == 200
         sock.sendall(REQUEST_LINE + b"X-Slow: ")
         assert TIMEOUT_S * 0.8 <= disconnected_after(sock, drip=b"a") < NEVER_S
+
+
+def test_a_body_without_a_key_is_not_read(strict):
+    """Credentials come before the body: a request without a key is answered 401 at its
+    head, its 2 MiB body never read into memory (body_timeout_s counts only silence, so a
+    slow sender could otherwise keep one buffered per connection)."""
+    with connect(strict) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n{"
+        )
+        started = time.monotonic()
+        refused = answer(sock)
+    assert status(refused) == 401 and b"invalid_api_key" in refused
+    assert time.monotonic() - started < TIMEOUT_S  # not the body's timeout: at once
