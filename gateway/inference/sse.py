@@ -10,6 +10,14 @@ import orjson
 DONE = b"data: [DONE]\n\n"
 BLANK_LINE = b"\n\n"  # ends an event
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# The most an upstream's event (or a line of it) may hold before it ends: a delta is a
+# few bytes, and a stream that never ends a line would otherwise grow the buffer, and
+# the time spent rescanning it, without end.
+MAX_EVENT_BYTES = 1 << 20
+
+
+class EventTooLarge(ValueError):
+    """An upstream event (or line) over MAX_EVENT_BYTES: the upstream's malformed answer."""
 
 
 class Event(NamedTuple):
@@ -24,6 +32,7 @@ class SSEDecoder:
         self._buffer = b""
         self._event: str | None = None
         self._data: list[str] = []
+        self._size = 0  # bytes of the event's lines so far
         self._skip_lf = False  # the last chunk ended in \r: a leading \n ends no new line
 
     def feed(self, chunk: bytes) -> list[Event]:
@@ -39,14 +48,19 @@ class SSEDecoder:
             start = end.end()
             self._skip_lf = end.group() == b"\r" and start == len(buffer)
         self._buffer = buffer[start:]
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise EventTooLarge
         return events
 
     def _line(self, line: bytes, events: list[Event]) -> None:
         if not line:
             if self._data:
                 events.append(Event(self._event, "\n".join(self._data)))
-            self._event, self._data = None, []
+            self._event, self._data, self._size = None, [], 0
             return
+        self._size += len(line)
+        if self._size > MAX_EVENT_BYTES:
+            raise EventTooLarge
         if line.startswith(b":"):
             return  # a comment (keep-alive)
         name, _, value = line.partition(b":")

@@ -36,7 +36,7 @@ class ChatEvents:
         self.provider = provider
         self.done = False  # [DONE] came: what follows is read (the connection is reused) only
         self.finished = False  # a choice has its finish_reason
-        self._blocks = BlockSplitter()
+        self._blocks = BlockSplitter(provider)
 
     @property
     def complete(self) -> bool:

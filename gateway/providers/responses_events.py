@@ -37,7 +37,7 @@ class NativeResponsesEvents:
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.done = False  # the response ended: what follows is read (connection reuse) only
-        self._blocks = BlockSplitter()
+        self._blocks = BlockSplitter(provider)
 
     @property
     def complete(self) -> bool:

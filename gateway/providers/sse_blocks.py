@@ -15,7 +15,7 @@ from typing import NamedTuple, TypeVar
 
 import msgspec
 
-from model_gateway.gateway.inference.sse import SSEDecoder
+from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 from model_gateway.gateway.providers.upstream import malformed
 
 T = TypeVar("T")
@@ -28,17 +28,27 @@ class Block(NamedTuple):
 
 
 class BlockSplitter:
-    """Feed it the stream's reads; each gives the events it completed."""
+    """Feed it the stream's reads; each gives the events it completed. An event over
+    MAX_EVENT_BYTES is the provider's malformed answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
         self._buffer = b""
         self._decoder: SSEDecoder | None = None  # once the framing was not canonical
 
     def feed(self, read: bytes) -> list[Block]:
+        try:
+            return self._split(read)
+        except EventTooLarge:
+            raise malformed(self.provider) from None
+
+    def _split(self, read: bytes) -> list[Block]:
         if self._decoder is None and b"\r" not in read:
             buffer = self._buffer + read if self._buffer else read
             end = buffer.rfind(b"\n\n")
             if end < 0:
+                if len(buffer) > MAX_EVENT_BYTES:
+                    raise EventTooLarge
                 self._buffer = buffer
                 return []
             self._buffer = buffer[end + 2 :]

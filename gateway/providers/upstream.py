@@ -25,7 +25,7 @@ import orjson
 from aiohttp.connector import Connection
 
 from model_gateway.gateway.config import ProviderConfig
-from model_gateway.gateway.inference.sse import Event, SSEDecoder
+from model_gateway.gateway.inference.sse import Event, EventTooLarge, SSEDecoder
 from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.providers")
 
 _CONNECT_TIMEOUT_S = 10.0
+# The most a whole answer's body may hold once decoded: far above any model's answer.
+MAX_ANSWER_BYTES = 16 << 20
 # How long the rest of a finished stream's body is read for: the end of its chunked body
 # normally comes with the last event; one that does not come only loses the connection.
 DRAIN_S = 0.5
@@ -281,12 +283,31 @@ class HttpProvider(Provider):
     ) -> dict:
         response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
         try:
-            raw = await response.read()
+            raw = await self._answer(response)
         except (aiohttp.ClientError, OSError) as exc:
             raise unreachable(self.name, exc) from None
         finally:
             response.close()
         return parse_json(self.name, raw)
+
+    async def _answer(self, response: aiohttp.ClientResponse) -> bytes:
+        """A whole answer's body, at most MAX_ANSWER_BYTES once decoded: read at once when
+        its length says it fits, else counted as it comes (chunked, or compressed: a small
+        gzip can decode to gigabytes)."""
+        length = response.content_length
+        if (
+            length is not None
+            and length <= MAX_ANSWER_BYTES
+            and not response.headers.get("content-encoding")
+        ):
+            return await response.read()
+        chunks, size = [], 0
+        async for chunk in response.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise malformed(self.name)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def post_stream(
         self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
@@ -315,5 +336,9 @@ class HttpProvider(Provider):
         reads = self.post_stream(path, body, acceptance, optional_endpoint=optional_endpoint)
         async with contextlib.aclosing(reads):
             async for read in reads:
-                for event in decoder.feed(read):
+                try:
+                    events = decoder.feed(read)
+                except EventTooLarge:
+                    raise malformed(self.name) from None
+                for event in events:
                     yield event

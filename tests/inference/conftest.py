@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_openai import OPENAI_STREAM_MODES, FakeOpenAI
+from tests.support.fake_openai import OPENAI_MODES, FakeOpenAI
 from tests.support.fake_upstream import BROKEN_USAGE_MODES, MALFORMED
 from tests.support.gateway_process import GatewayProcess
 from tests.support.inference import (
@@ -32,7 +32,7 @@ MORE_MODES = [
     "done-then-hang",
     MALFORMED,
     *BROKEN_USAGE_MODES,
-    *OPENAI_STREAM_MODES,
+    *OPENAI_MODES,
 ]
 PROVIDERS = {"oa": "fakeai", "oa-chat": "fakeai-chatonly", "an": "fakeanthropic"}
 

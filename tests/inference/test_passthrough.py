@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
+from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES
 from model_gateway.gateway.inference.tokens import estimate_tokens
 from model_gateway.gateway.providers.chat_events import ChatEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
@@ -117,6 +118,19 @@ def test_an_event_nested_past_the_parsers_limit_is_malformed():
     batch, failure = ChatEvents("test").feed(CONTENT[0] + b"\n\n" + nested)
     assert [event.block for event in batch] == CONTENT[:1]
     assert isinstance(failure, UpstreamFailure) and failure.detail == "malformed"
+
+
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n"])  # canonical framing, and decoded
+def test_an_event_that_never_ends_is_malformed_past_a_mebibyte(line_end):
+    """An upstream that never ends its event would grow the buffer (and the time spent
+    rescanning it) without end: past MAX_EVENT_BYTES it is the upstream's malformed answer."""
+    events = ChatEvents("test")
+    first = CONTENT[0].replace(b"\n", line_end) + line_end * 2
+    batch, failure = events.feed(first + b'data: {"x":"' + b"a" * (MAX_EVENT_BYTES // 2))
+    assert len(batch) == 1 and failure is None
+    batch, failure = events.feed(b"a" * (MAX_EVENT_BYTES // 2 + 100))
+    assert batch == [] and isinstance(failure, UpstreamFailure)
+    assert failure.detail == "malformed"
 
 
 def test_usage_the_upstream_never_sent_leaves_the_text_to_count():

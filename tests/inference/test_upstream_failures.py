@@ -193,3 +193,11 @@ def test_a_number_beyond_a_double_cuts_nothing(http):
     receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
     assert (receipt["status"], receipt["usage_source"]) == ("succeeded", "gateway")
     assert receipt["usage"]["output_tokens"] == estimate_tokens(REPLY)
+
+
+def test_an_answer_over_16_mib_is_the_upstreams_failure(http):
+    """A whole answer is read up to 16 MiB once decoded (a small gzip can decode to
+    gigabytes): past that, 502 provider_error, the hold released, no receipt."""
+    response = http.post(PATHS["chat"], json=body("chat", "oa/huge-answer", False))
+    assert_error(response, 502, "provider_error")
+    assert "x-receipt-id" not in response.headers

@@ -37,8 +37,9 @@ def _chat_usage(model: str) -> dict:
 REASONING_CUT = "reasoning-cut-mid-stream"  # the text as `reasoning_content`, then cut
 PARTS = "parts-no-usage"  # the text as content parts, no usage
 HUGE_NUMBER = "huge-number"  # every chunk also carries 1e400, beyond a double; no usage
+HUGE_ANSWER = "huge-answer"  # a whole answer of 17 MiB
 NO_USAGE = {"no-usage", PARTS, HUGE_NUMBER}
-OPENAI_STREAM_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER]
+OPENAI_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER, HUGE_ANSWER]
 
 
 def _delta(model: str, piece: str) -> dict | str:
@@ -95,6 +96,8 @@ class FakeOpenAI(FakeUpstream):
         if call is not None:
             call = {**call, "function": {**call["function"], "arguments": "".join(TOOL_ARGUMENTS)}}
         if not body.get("stream"):
+            if model == HUGE_ANSWER:
+                pieces = ["a" * (17 << 20)]
             message = {"role": "assistant", "content": "".join(pieces) or None}
             if call:
                 message["tool_calls"] = [call]

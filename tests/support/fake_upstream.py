@@ -40,6 +40,7 @@ The fault is chosen by the requested upstream model name:
 | parts-no-usage (OpenAI)| no usage                        | the text as content parts, no |
 |                        |                                 | usage                         |
 | huge-number (OpenAI)   | no usage                        | chunks carry 1e400; no usage  |
+| huge-answer (OpenAI)   | a 17 MiB answer                 | normal                        |
 
 Hanging answers record the moment the gateway closed the connection in `disconnected`.
 """
