@@ -32,7 +32,9 @@ from model_gateway.storage.base import new_id, now_s
 
 
 class CliError(Exception):
-    pass
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param  # the field at fault, for callers that answer over HTTP
 
 
 class UsageError(Exception):
@@ -284,7 +286,7 @@ async def sandboxes_create(args, config, storage) -> dict:
         limit = SANDBOX_LIMITS[name]
         if not limit.low <= value <= limit.high:
             flag = "--" + name.replace("_", "-")
-            raise CliError(f"{flag} must be between {limit.low} and {limit.high}")
+            raise CliError(f"{flag} must be between {limit.low} and {limit.high}", name)
     sandbox = SandboxRecord(
         id=new_id("sbx"),
         project_id=args.project,

@@ -160,7 +160,8 @@ def routes(console) -> list[Endpoint]:
         try:
             created = await records.create_sandbox(config, storage, found.id, runtime, **limits)
         except cli.CliError as exc:
-            raise InvalidRequest(str(exc).replace("--", "").replace("-", "_")) from None
+            message = str(exc).replace("--", "").replace("-", "_")
+            raise InvalidRequest(message, param=exc.param) from None
         return json_response({**created, "payer_addresses": []}, status=201)
 
     return [

@@ -219,7 +219,9 @@ def test_sandboxes_list_and_create(owner, project):
     listed = owner.get(path).json()
     assert [s["id"] for s in listed["data"]] == [sandbox["id"]]
     assert owner.post(path, {"runtime": "cobol"}).status_code == 400
-    assert owner.post(path, {"runtime": "python", "timeout_s": 10**6}).status_code == 400
+    for limits in ({"timeout_s": 10**6}, {"timeout_s": 2**63}, {"memory_mb": 10**9}):
+        refused = owner.post(path, {"runtime": "python", **limits})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == next(iter(limits))
 
 
 def test_purchases_without_configuration_are_503(owner, project):
