@@ -1,5 +1,7 @@
 """The gateway's side of the node protocol: signed calls, verified answers."""
 
+from urllib.parse import urlsplit
+
 import aiohttp
 import orjson
 
@@ -78,7 +80,7 @@ async def _call(
     timeout_s: float,
 ) -> dict[str, object]:
     body = orjson.dumps(payload)
-    headers = signer.sign_request(body)
+    headers = signer.sign_request(f"POST {urlsplit(url).path}", body)
     try:
         async with session.post(
             url,
@@ -94,7 +96,7 @@ async def _call(
         message = f"sandbox node unreachable: {type(exc).__name__}"
         raise NodeUnreachable(message, sent=True) from exc
     try:
-        signer.verify_response(response.headers, raw, headers[NONCE_HEADER])
+        signer.verify_response(response.headers, response.status, raw, headers[NONCE_HEADER])
         answer = orjson.loads(raw)
     except (SignatureError, orjson.JSONDecodeError) as exc:
         raise NodeError(f"sandbox node answer rejected (HTTP {response.status}): {exc}") from exc

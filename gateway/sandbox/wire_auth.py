@@ -4,12 +4,17 @@ A request carries three headers:
 
     x-sandbox-timestamp  unix seconds, decimal
     x-sandbox-nonce      32 random hex characters, never accepted twice
-    x-sandbox-signature  hex HMAC-SHA256(secret, f"{timestamp}.{nonce}.request.".encode() + body)
+    x-sandbox-signature  hex HMAC-SHA256(secret,
+                             f"{timestamp}.{nonce}.request.{method} {path}.".encode() + body)
 
 A response carries `x-sandbox-timestamp` and `x-sandbox-signature`, the MAC being
-HMAC-SHA256(secret, f"{timestamp}.{request_nonce}.response.".encode() + body): binding
-it to the request's nonce means a recorded answer is worthless for any other request,
-and the `request` / `response` tags mean one can never pass for the other.
+HMAC-SHA256(secret, f"{timestamp}.{request_nonce}.response.{status}.{retry_after}.".encode()
++ body), `retry_after` the header's value or empty: binding it to the request's nonce
+means a recorded answer is worthless for any other request, and the `request` /
+`response` tags mean one can never pass for the other. The request's method and path and
+the response's status and retry-after are signed too: nobody on the way can send a job
+to another endpoint, or turn a run's 200 into a failure (the code ran, unbilled) or a
+busy node's wait into another.
 
 Nonces are remembered in memory for twice the window. A node also refuses requests
 timestamped before it started (`not_before`): a request captured while an earlier run
@@ -32,6 +37,7 @@ from model_gateway.gateway import secretfile
 TIMESTAMP_HEADER = "x-sandbox-timestamp"
 NONCE_HEADER = "x-sandbox-nonce"
 SIGNATURE_HEADER = "x-sandbox-signature"
+RETRY_AFTER_HEADER = "retry-after"  # a busy node's answer: signed with its status
 
 MIN_SECRET_BYTES = 32
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
@@ -74,35 +80,42 @@ class Signer:
     def __repr__(self) -> str:
         return f"Signer(window_s={self._window_s})"  # never show the secret
 
-    def sign_request(self, body: bytes) -> dict[str, str]:
+    def sign_request(self, target: str, body: bytes) -> dict[str, str]:
+        """`target`: the request's method and path, e.g. "POST /execute"."""
         timestamp = str(int(self._clock()))
         nonce = secrets.token_hex(16)
         return {
             TIMESTAMP_HEADER: timestamp,
             NONCE_HEADER: nonce,
-            SIGNATURE_HEADER: self._mac(timestamp, nonce, "request", body),
+            SIGNATURE_HEADER: self._mac(timestamp, nonce, f"request.{target}", body),
         }
 
-    def verify_request(self, headers: Mapping[str, str], body: bytes) -> str:
+    def verify_request(self, headers: Mapping[str, str], target: str, body: bytes) -> str:
         """Checks a request and returns its nonce, which its response must be bound to."""
         timestamp = self._fresh_timestamp(headers)
         nonce = _header(headers, NONCE_HEADER, _NONCE)
-        self._check_mac(headers, self._mac(timestamp, nonce, "request", body))
+        self._check_mac(headers, self._mac(timestamp, nonce, f"request.{target}", body))
         if self.not_before is not None and int(timestamp) < self.not_before:
             raise SignatureError("request timestamped before this node started")
         self._remember(nonce)  # only after the MAC: forged nonces must not fill the cache
         return nonce
 
-    def sign_response(self, body: bytes, request_nonce: str) -> dict[str, str]:
+    def sign_response(
+        self, status: int, body: bytes, request_nonce: str, retry_after: str = ""
+    ) -> dict[str, str]:
         timestamp = str(int(self._clock()))
+        outcome = f"response.{status}.{retry_after}"
         return {
             TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: self._mac(timestamp, request_nonce, "response", body),
+            SIGNATURE_HEADER: self._mac(timestamp, request_nonce, outcome, body),
         }
 
-    def verify_response(self, headers: Mapping[str, str], body: bytes, request_nonce: str) -> None:
+    def verify_response(
+        self, headers: Mapping[str, str], status: int, body: bytes, request_nonce: str
+    ) -> None:
         timestamp = self._fresh_timestamp(headers)
-        self._check_mac(headers, self._mac(timestamp, request_nonce, "response", body))
+        outcome = f"response.{status}.{headers.get(RETRY_AFTER_HEADER, '')}"
+        self._check_mac(headers, self._mac(timestamp, request_nonce, outcome, body))
 
     def _mac(self, timestamp: str, nonce: str, direction: str, body: bytes) -> str:
         head = f"{timestamp}.{nonce}.{direction}.".encode()

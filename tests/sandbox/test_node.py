@@ -103,6 +103,9 @@ async def executing(node, session):
         pytest.skip(f"the node refuses to execute here: {report['refusal']}")
 
 
+EXECUTE = "POST /execute"  # what a request to the node's /execute is signed for
+
+
 async def post(session, url, body: bytes, headers: dict[str, str]):
     async with session.post(f"{url}/execute", data=body, headers=headers) as response:
         return response.status, response.headers, await response.read()
@@ -130,20 +133,22 @@ async def test_response_is_bound_to_the_request(node, session, executing):
     url, secret = node
     signer = Signer(secret)
     body = orjson.dumps({"runtime": "bash", "code": "echo hi", "execution_id": "ex_2"})
-    headers = signer.sign_request(body)
+    headers = signer.sign_request(EXECUTE, body)
     status, response_headers, raw = await post(session, url, body, headers)
     assert status == 200
-    signer.verify_response(response_headers, raw, headers[NONCE_HEADER])
-    other = signer.sign_request(body)[NONCE_HEADER]
+    signer.verify_response(response_headers, status, raw, headers[NONCE_HEADER])
+    other = signer.sign_request(EXECUTE, body)[NONCE_HEADER]
     with pytest.raises(SignatureError):
-        signer.verify_response(response_headers, raw, other)
+        signer.verify_response(response_headers, status, raw, other)
 
 
 async def test_wrong_secret_is_rejected(node, session):
     url, _ = node
     job = {"runtime": "bash", "code": "echo hi", "execution_id": "ex_3"}
     body = orjson.dumps(job)
-    status, _, raw = await post(session, url, body, Signer(os.urandom(32)).sign_request(body))
+    status, _, raw = await post(
+        session, url, body, Signer(os.urandom(32)).sign_request(EXECUTE, body)
+    )
     assert (status, orjson.loads(raw)["error"]["type"]) == (401, "unauthorized")
     with pytest.raises(NodeError, match="rejected"):  # the client never trusts an unsigned answer
         await execute_on_node(session, url, Signer(os.urandom(32)), job)
@@ -159,7 +164,7 @@ async def test_unsigned_request_is_rejected(node, session):
 async def test_replayed_request_is_rejected(node, session):
     url, secret = node
     body = orjson.dumps({"runtime": "nope", "code": "", "execution_id": "ex_5"})
-    headers = Signer(secret).sign_request(body)
+    headers = Signer(secret).sign_request(EXECUTE, body)
     assert (await post(session, url, body, headers))[0] == 400
     status, _, raw = await post(session, url, body, headers)
     assert (status, orjson.loads(raw)["error"]["message"]) == (401, "replayed nonce")
@@ -222,16 +227,16 @@ async def test_every_refusal_is_signed_and_bound_to_its_request(node, session):
     url, secret = node
     signer = Signer(secret)
     oversized = b"x" * (3 << 20)
-    headers = signer.sign_request(oversized)
+    headers = signer.sign_request(EXECUTE, oversized)
     status, answer_headers, raw = await post(session, url, oversized, headers)
     assert status == 413
-    signer.verify_response(answer_headers, raw, headers[NONCE_HEADER])
+    signer.verify_response(answer_headers, status, raw, headers[NONCE_HEADER])
     stale = Signer(secret, clock=lambda: time.time() - 300)
     body = orjson.dumps({"runtime": "bash", "code": "echo hi", "execution_id": "ex_10"})
-    headers = stale.sign_request(body)
+    headers = stale.sign_request(EXECUTE, body)
     status, answer_headers, raw = await post(session, url, body, headers)
     assert (status, orjson.loads(raw)["error"]["type"]) == (401, "unauthorized")
-    signer.verify_response(answer_headers, raw, headers[NONCE_HEADER])
+    signer.verify_response(answer_headers, status, raw, headers[NONCE_HEADER])
 
 
 async def test_largest_job_with_the_worst_json_escaping_runs(node, session, executing):
@@ -248,7 +253,7 @@ async def test_largest_job_with_the_worst_json_escaping_runs(node, session, exec
 async def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, session):
     body = orjson.dumps({"runtime": "bash", "code": "echo replayed", "execution_id": "ex_12"})
     with running_node(tmp_path) as (_, url, secret):
-        captured = Signer(secret).sign_request(body)
+        captured = Signer(secret).sign_request(EXECUTE, body)
         first = await post(session, url, body, captured)
         assert first[0] in (200, 500)  # 500: the host refuses to execute; still accepted
     with running_node(tmp_path) as (_, url, secret):  # same secret file, new process
@@ -257,9 +262,11 @@ async def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path,
         assert (
             orjson.loads(raw)["error"]["message"] == "request timestamped before this node started"
         )
-        Signer(secret).verify_response(headers, raw, captured[NONCE_HEADER])
+        Signer(secret).verify_response(headers, status, raw, captured[NONCE_HEADER])
         # A request signed now is accepted at once.
-        assert (await post(session, url, body, Signer(secret).sign_request(body)))[0] != 401
+        assert (await post(session, url, body, Signer(secret).sign_request(EXECUTE, body)))[
+            0
+        ] != 401
 
 
 async def wait_until_running(ours) -> None:

@@ -53,7 +53,7 @@ class FakeNode:
                     result["execution_id"] = "exe_someone_else"
                 raw = orjson.dumps(result)
                 if fake.mode != "unsigned":
-                    headers = signer.sign_response(raw, self.headers[NONCE_HEADER])
+                    headers = signer.sign_response(200, raw, self.headers[NONCE_HEADER])
                 self.send_response(200)
                 for name, value in {**headers, "content-type": "application/json"}.items():
                     self.send_header(name, value)

@@ -45,6 +45,7 @@ from model_gateway.gateway.sandbox.node.isolation import (
 from model_gateway.gateway.sandbox.node.process import StopSignal
 from model_gateway.gateway.sandbox.wire_auth import (
     NONCE_HEADER,
+    RETRY_AFTER_HEADER,
     SignatureError,
     Signer,
     load_shared_secret,
@@ -134,7 +135,10 @@ class Replier:
 
     def __call__(self, status: int, payload: object, headers: dict[str, str] | None = None):
         raw = orjson.dumps(payload)
-        signed = self._signer.sign_response(raw, self._nonce) if self._nonce else {}
+        signed = {}
+        if self._nonce:
+            retry_after = str((headers or {}).get(RETRY_AFTER_HEADER, ""))
+            signed = self._signer.sign_response(status, raw, self._nonce, retry_after)
         return Response(
             raw, status, headers={**signed, **(headers or {})}, media_type="application/json"
         )
@@ -169,7 +173,7 @@ def create_node_app(
         if body is None:
             return reply.error(413, "too_large", "request body too large")
         try:
-            signer.verify_request(request.headers, body)
+            signer.verify_request(request.headers, f"{request.method} {request.url.path}", body)
         except SignatureError as exc:
             return reply.error(401, "unauthorized", str(exc))
         return body
@@ -227,7 +231,7 @@ async def _run(
             Job(job.runtime, job.code, job.stdin, job.timeout_s, job.memory_mb), stop
         )
     except SandboxBusy as exc:
-        return reply.error(503, "busy", str(exc), {"retry-after": BUSY_RETRY_AFTER_S})
+        return reply.error(503, "busy", str(exc), {RETRY_AFTER_HEADER: BUSY_RETRY_AFTER_S})
     except SandboxUnavailable as exc:
         return reply.error(500, "sandbox_unavailable", str(exc))
     except (IsolationError, OSError) as exc:
