@@ -18,7 +18,18 @@ from model_gateway.gateway.inference.responses_translate import (
     response_object,
     response_usage,
 )
-from model_gateway.gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.tokens import content_text, text_of
+
+# A message part's kind: the field that holds its text, and its events' names.
+_PARTS = {
+    "output_text": ("text", "response.output_text"),
+    "refusal": ("refusal", "response.refusal"),
+}
+
+
+def _logprobs(kind: str) -> dict:
+    return {"logprobs": []} if kind == "output_text" else {}  # only text carries them
+
 
 Event = tuple[str, dict]
 
@@ -68,6 +79,9 @@ class ResponsesEvents:
             text = content_text(delta.get("content"))  # a string, or parts
             if text:
                 events += self._text(text)
+            refusal = text_of(delta.get("refusal"))
+            if refusal:
+                events += self._text(refusal, "refusal")
             for call in delta.get("tool_calls") or ():
                 events += self._call(call)
             if choice.get("finish_reason"):
@@ -90,12 +104,15 @@ class ResponsesEvents:
             self._event("response.output_item.added", output_index=len(self.output) - 1, item=added)
         ]
 
-    def _text(self, text: str) -> list[Event]:
+    def _text(self, text: str, kind: str = "output_text") -> list[Event]:
+        """Text of a message part of `kind` (output_text, or refusal), in the current
+        message if its part is of that kind, else in a new one."""
+        field, events_of = _PARTS[kind]
         events: list[Event] = []
         item = self.current
-        if item is None or item["type"] != "message":
+        if item is None or item["type"] != "message" or item["content"][0]["type"] != kind:
             events += self._close("completed")
-            item = message_item(new_id("msg"), "", "in_progress")
+            item = message_item(new_id("msg"), "", "in_progress", kind)
             events += self._open(item)
             events.append(
                 self._event(
@@ -103,18 +120,18 @@ class ResponsesEvents:
                     item_id=item["id"],
                     output_index=len(self.output) - 1,
                     content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                    part=dict(item["content"][0]),
                 )
             )
-        item["content"][0]["text"] += text
+        item["content"][0][field] += text
         events.append(
             self._event(
-                "response.output_text.delta",
+                f"{events_of}.delta",
                 item_id=item["id"],
                 output_index=self.output.index(item),
                 content_index=0,
                 delta=text,
-                logprobs=[],
+                **_logprobs(kind),
             )
         )
         return events
@@ -158,9 +175,12 @@ class ResponsesEvents:
         events: list[Event] = []
         if item["type"] == "message":
             part = item["content"][0]
+            field, events_of = _PARTS[part["type"]]
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
             events.append(
-                self._event("response.output_text.done", **common, text=part["text"], logprobs=[])
+                self._event(
+                    f"{events_of}.done", **common, **{field: part[field]}, **_logprobs(part["type"])
+                )
             )
             events.append(self._event("response.content_part.done", **common, part=part))
         else:

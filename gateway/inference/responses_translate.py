@@ -10,7 +10,7 @@ import secrets
 import time
 from typing import Any
 
-from model_gateway.gateway.inference.tokens import content_text
+from model_gateway.gateway.inference.tokens import content_text, text_of
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.pipeline.errors import InvalidRequest
 
@@ -157,8 +157,11 @@ def response_usage(usage: Any) -> dict | None:
     }
 
 
-def message_item(item_id: str, text: str, status: str) -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def message_item(item_id: str, text: str, status: str, kind: str = "output_text") -> dict:
+    """A message of one part: output text, or (kind "refusal") the model's refusal."""
+    part: dict[str, object] = {"type": "refusal", "refusal": text}
+    if kind == "output_text":
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {
         "type": "message",
         "id": item_id,
@@ -234,9 +237,12 @@ def response_from_chat(completion: dict, request: dict) -> dict:
     message = choices[0].get("message") or {}
     status, incomplete = ending(choices[0].get("finish_reason"))
     calls = message.get("tool_calls") or []
+    text, refusal = content_text(message.get("content")), text_of(message.get("refusal"))
     output = []
-    if message.get("content") or not calls:
-        output.append(message_item(new_id("msg"), message.get("content") or "", status))
+    if text or not (calls or refusal):
+        output.append(message_item(new_id("msg"), text, status))
+    if refusal:
+        output.append(message_item(new_id("msg"), refusal, status, "refusal"))
     for call in calls:
         function = call.get("function") or {}
         output.append(

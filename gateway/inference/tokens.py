@@ -20,11 +20,15 @@ def text_of(value: Any) -> str:
 
 
 def content_text(content: Any) -> str:
-    """The text of a message content: a string, or the text of its parts."""
+    """The text of a message content: a string, or the text (or refusal) of its parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(text_of(part.get("text")) for part in content if isinstance(part, dict))
+        return "".join(
+            text_of(part.get("text")) + text_of(part.get("refusal"))
+            for part in content
+            if isinstance(part, dict)
+        )
     return ""
 
 

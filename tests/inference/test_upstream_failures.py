@@ -201,3 +201,22 @@ def test_an_answer_over_16_mib_is_the_upstreams_failure(http):
     response = http.post(PATHS["chat"], json=body("chat", "oa/huge-answer", False))
     assert_error(response, 502, "provider_error")
     assert "x-receipt-id" not in response.headers
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_chat_refusal_is_a_responses_refusal_part(http, stream):
+    """A chat-only upstream's refusal reaches a Responses client as OpenAI sends one: a
+    message whose part is a refusal (and, streamed, refusal deltas), counted as output."""
+    response = http.post(PATHS["responses"], json=body("responses", "oa-chat/refusal", stream))
+    assert response.status_code == 200
+    if stream:
+        events = sse_payloads(response.content)
+        deltas = [e["delta"] for e in events if e["type"] == "response.refusal.delta"]
+        assert "".join(deltas) == REPLY
+        done = next(e for e in events if e["type"] == "response.refusal.done")
+        assert done["refusal"] == REPLY
+        answer = events[-1]["response"]
+    else:
+        answer = response.json()
+    parts = [part for item in answer["output"] for part in item.get("content") or ()]
+    assert parts == [{"type": "refusal", "refusal": REPLY}]

@@ -38,8 +38,9 @@ REASONING_CUT = "reasoning-cut-mid-stream"  # the text as `reasoning_content`, t
 PARTS = "parts-no-usage"  # the text as content parts, no usage
 HUGE_NUMBER = "huge-number"  # every chunk also carries 1e400, beyond a double; no usage
 HUGE_ANSWER = "huge-answer"  # a whole answer of 17 MiB
+REFUSAL = "refusal"  # the text as the model's refusal (`refusal`, no content)
 NO_USAGE = {"no-usage", PARTS, HUGE_NUMBER}
-OPENAI_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER, HUGE_ANSWER]
+OPENAI_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER, HUGE_ANSWER, REFUSAL]
 
 
 def _delta(model: str, piece: str) -> dict | str:
@@ -49,6 +50,8 @@ def _delta(model: str, piece: str) -> dict | str:
         return {"reasoning_content": piece}
     if model == PARTS:
         return {"content": [{"type": "text", "text": piece}]}
+    if model == REFUSAL:
+        return {"refusal": piece}
     return {"content": piece}
 
 
@@ -99,6 +102,8 @@ class FakeOpenAI(FakeUpstream):
             if model == HUGE_ANSWER:
                 pieces = ["a" * (17 << 20)]
             message = {"role": "assistant", "content": "".join(pieces) or None}
+            if model == REFUSAL:
+                message = {"role": "assistant", "content": None, "refusal": "".join(pieces)}
             if call:
                 message["tool_calls"] = [call]
             payload = {

@@ -41,6 +41,7 @@ The fault is chosen by the requested upstream model name:
 |                        |                                 | usage                         |
 | huge-number (OpenAI)   | no usage                        | chunks carry 1e400; no usage  |
 | huge-answer (OpenAI)   | a 17 MiB answer                 | normal                        |
+| refusal (OpenAI)       | the text as `refusal`           | the same, as delta.refusal    |
 
 Hanging answers record the moment the gateway closed the connection in `disconnected`.
 """
