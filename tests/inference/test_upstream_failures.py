@@ -164,10 +164,13 @@ def test_content_in_parts_is_counted_when_usage_never_comes(http, stream):
 
 
 def test_translated_responses_take_content_in_parts(http):
-    """A chat-only upstream's content parts become Responses text, not an internal error."""
+    """A chat-only upstream's content parts become Responses text, not an internal error
+    (streamed) or a list where the text belongs (a whole answer)."""
     response = http.post(PATHS["responses"], json=body("responses", "oa-chat/parts-no-usage", True))
     assert _delivered_text("responses", response.content) == REPLY
     assert sse_payloads(response.content)[-1]["type"] == "response.completed"
+    whole = http.post(PATHS["responses"], json=body("responses", "oa-chat/parts-no-usage", False))
+    assert whole.json()["output"][0]["content"][0]["text"] == REPLY
 
 
 @pytest.mark.parametrize(
