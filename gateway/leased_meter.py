@@ -308,6 +308,8 @@ class LeasedMeter(StorageMeter):
         if lock is None:
             lock = self._growing[slot] = asyncio.Lock()
         async with lock:
+            if self.storage.admin_epoch() != self._epoch:
+                return None  # an admin change landed while this request waited: hold directly
             lease = self._take(slot, amount)  # another request grew it meanwhile
             if lease is not None:
                 return lease

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from typing import Literal, TextIO
+from urllib.parse import quote
 
 import orjson
 
@@ -76,14 +77,18 @@ _TEXT_FIELDS = (
 
 
 def text_line(record: dict[str, object]) -> str:
+    path = str(record["path"])
+    if " " in path or not path.isprintable():
+        # uvicorn decoded it: percent-encoded again, it stays one word of its own line
+        # (a `%20cost=` in it could otherwise pass for the line's own fields).
+        path = quote(path, safe="/:@!$&'()*+,;=-._~")
     words = [
-        f"{record['request_id']} {record['method']} {record['path']} {record['status']}",
+        f"{record['request_id']} {record['method']} {path} {record['status']}",
         f"{record['duration_ms']}ms",
         *(f"{name}={record[field]}" for name, field in _TEXT_FIELDS if record[field] is not None),
     ]
     line = " ".join(words)
-    # One request, one line: a control character a client put in its path (uvicorn
-    # decodes %0a) is escaped, so that no request writes a line of its own.
+    # One request, one line, whatever another field holds.
     return line if line.isprintable() else line.encode("unicode_escape").decode("ascii")
 
 

@@ -134,11 +134,13 @@ class StorageMeter:
                 if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S:
                     last_checkpoint = time.monotonic()
                     await self.storage.checkpoint()
-                await self._retry_releases()
+                # Renewals first: however many releases wait for a retry (an outage's
+                # worth), this process's live holds and leases never expire behind them.
                 if time.monotonic() - last_renewal >= renew_every:
                     last_renewal = time.monotonic()
                     await self.storage.renew_leases(self.owner, self._lease_until())
                     await self._release_abandoned()
+                await self._retry_releases()
             except Exception:
                 log.exception("storage housekeeping failed; retrying")
 

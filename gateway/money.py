@@ -12,8 +12,9 @@ MICROS_PER_UNIT = 1_000_000
 MAX_UNITS = 10**12
 
 
-def parse_amount(value: str | int | float | Decimal) -> int:
-    """A wire amount ("12.5", 12.5, 12) to micro-units; more than 6 decimals is an error."""
+def parse_amount(value: str | int | float | Decimal, *, at_most: int | None = MAX_UNITS) -> int:
+    """A wire amount ("12.5", 12.5, 12) to micro-units; more than 6 decimals is an error,
+    and so is more than `at_most` units (None: an amount the gateway wrote, read back)."""
     if isinstance(value, bool):
         raise ValueError("an amount must be a number or a decimal string")
     try:
@@ -23,8 +24,8 @@ def parse_amount(value: str | int | float | Decimal) -> int:
         raise ValueError(f"not a decimal amount: {value!r}") from None
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"an amount must be a finite, non-negative number: {value!r}")
-    if amount > MAX_UNITS:
-        raise ValueError(f"an amount is at most {MAX_UNITS:,}: {value!r}")
+    if at_most is not None and amount > at_most:
+        raise ValueError(f"an amount is at most {at_most:,}: {value!r}")
     micros = amount * MICROS_PER_UNIT
     if micros != micros.to_integral_value():
         raise ValueError(f"an amount has at most 6 decimals: {value!r}")

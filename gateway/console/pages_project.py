@@ -29,7 +29,8 @@ def routes(console) -> list[Endpoint]:
         project = await project_of(storage, call)
         p = await project_view(storage, project)
         onchain = console.config.purchases is not None
-        available = parse_amount(p["balance"]) - parse_amount(p["reserved"])
+        stored = {name: parse_amount(p[name], at_most=None) for name in ("balance", "reserved")}
+        available = stored["balance"] - stored["reserved"]
         summary = facts(
             [
                 ("Balance", amount_html(p["balance"])),

@@ -40,7 +40,7 @@ def routes(console) -> list[Endpoint]:
         by_day = await usage_report(storage, project.id, first, last, "day")
         by_model = await usage_report(storage, project.id, first, last, "model")
         by_key = await usage_report(storage, project.id, first, last, "key")
-        cost = {row["group"]: parse_amount(row["cost"]) for row in by_day["data"]}
+        cost = {row["group"]: parse_amount(row["cost"], at_most=None) for row in by_day["data"]}
         total = by_day["total"]
 
         def rows(report, label):

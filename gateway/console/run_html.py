@@ -26,10 +26,10 @@ STEP_COLUMNS = [
 
 def spent_width(spent: str, budget: str) -> int:
     """The spent part of the bar, in BAR_WIDTH units (exact integers, capped)."""
-    total = parse_amount(budget)
+    total = parse_amount(budget, at_most=None)
     if total <= 0:
         return 0
-    return min(BAR_WIDTH, parse_amount(spent) * BAR_WIDTH // total)
+    return min(BAR_WIDTH, parse_amount(spent, at_most=None) * BAR_WIDTH // total)
 
 
 def _step_row(position: int, step: dict) -> str:

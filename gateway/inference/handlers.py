@@ -14,6 +14,7 @@ a client that leaves after the upstream accepted the request is billed its promp
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -43,6 +44,7 @@ from model_gateway.gateway.inference.tokens import (
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
+    Text,
     billing,
     cancelled,
     reported,
@@ -95,7 +97,7 @@ def upstream_responses(
     return body
 
 
-def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: str) -> dict:
+def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: Text) -> dict:
     """The counts of the answer's usage as the upstream reported them (`keys` name them);
     the answer is left showing the counts that are billed."""
     counts = reported(answer.get("usage"), keys)
@@ -104,7 +106,7 @@ def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: str) 
     return counts
 
 
-def _respond(ctx: RequestContext, payload: dict, counts: dict, prompt: str, output: str):
+def _respond(ctx: RequestContext, payload: dict, counts: dict, prompt: str, output: Text):
     """A whole answer, billed by the reported `counts` as `usage.billing` checks them."""
     raw = orjson.dumps(payload)
     ctx.billing = billing("succeeded", counts, prompt, output, hashlib.sha256(raw).hexdigest())
@@ -189,7 +191,7 @@ class InferenceHandlers:
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)
         completion["model"] = ctx.model_id
-        output = completion_text(completion)
+        output = functools.partial(completion_text, completion)  # read only if a count is missing
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         return _respond(ctx, completion, counts, prompt, output)
 
@@ -229,7 +231,7 @@ class InferenceHandlers:
         call = provider.responses(body, acceptance)
         result = await self._call(ctx, provider, call, acceptance, prompt)
         result["model"] = ctx.model_id
-        output = response_text(result)
+        output = functools.partial(response_text, result)
         counts = _show_billed(result, RESPONSES_KEYS, prompt, output)
         return _respond(ctx, result, counts, prompt, output)
 
@@ -247,8 +249,10 @@ class InferenceHandlers:
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)
-        output = completion_text(completion)
-        # The chat usage is the one checked and billed; the Response shows the same counts.
+        # What the Response shows: chat reasoning has no item there (neither sent nor
+        # counted). The chat usage is the one checked and billed; the Response shows the
+        # same counts.
+        output = functools.partial(completion_text, completion, reasoning=False)
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         result = response_from_chat(completion, request)
         return _respond(ctx, result, counts, prompt, output)

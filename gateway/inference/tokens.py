@@ -32,17 +32,22 @@ def content_text(content: Any) -> str:
     return ""
 
 
-# The model's reasoning, as OpenAI-compatible servers stream it beside the content (vLLM,
-# llama.cpp, DeepSeek, Ollama): output the client receives, so output it is billed as.
-REASONING_FIELDS = ("reasoning_content", "reasoning")
-
-
-def message_output(message: dict) -> str:
+def message_output(message: dict, *, reasoning: bool = True) -> str:
     """The output a chat message (or a stream's delta) carries: its text, refusal and
-    reasoning, and its tool calls' names and arguments."""
-    parts = [content_text(message.get("content")), text_of(message.get("refusal"))]
-    parts += (text_of(message.get(field)) for field in REASONING_FIELDS)
-    for call in message.get("tool_calls") or ():
+    reasoning, and its tool calls' names and arguments. Reasoning is what OpenAI-compatible
+    servers send beside the content (vLLM, llama.cpp, DeepSeek, Ollama): output the client
+    receives; `reasoning_content` else `reasoning`, which recent vLLM fills alike."""
+    text = content_text(message.get("content"))
+    extra = (
+        message.get("refusal"),
+        reasoning and (message.get("reasoning_content") or message.get("reasoning")),
+        message.get("tool_calls"),
+    )
+    if not any(extra):
+        return text  # the common delta: text alone
+    refusal, thought, calls = extra
+    parts = [text, text_of(refusal), text_of(thought)]
+    for call in calls or ():
         function = call.get("function") or {}
         parts += (text_of(function.get("name")), text_of(function.get("arguments")))
     return "".join(parts)
@@ -76,10 +81,12 @@ def responses_prompt_text(request: dict) -> str:
     return "\n".join(part for part in parts if part)
 
 
-def completion_text(completion: dict) -> str:
-    """The output of a chat completion (see `message_output`)."""
+def completion_text(completion: dict, *, reasoning: bool = True) -> str:
+    """The output of a chat completion (see `message_output`); `reasoning` False: what a
+    translation into a Response delivers, which has no item for it."""
     return "".join(
-        message_output(choice.get("message") or {}) for choice in completion.get("choices") or ()
+        message_output(choice.get("message") or {}, reasoning=reasoning)
+        for choice in completion.get("choices") or ()
     )
 
 

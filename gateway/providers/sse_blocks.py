@@ -11,9 +11,10 @@ through the full SSE decoder and comes out without a block: its reader re-render
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
+import orjson
 
 from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 from model_gateway.gateway.providers.upstream import malformed
@@ -80,10 +81,18 @@ def _decoded(decoder: SSEDecoder, read: bytes) -> list[Block]:
     ]
 
 
-# A checked event's data as Python objects: by msgspec, as it was checked, with a number
-# out of a float's range read as inf (as Python's json reads it), so that nothing refuses
-# an event after it went out.
-parse_checked = msgspec.json.Decoder(float_hook=float).decode
+_LENIENT = msgspec.json.Decoder(float_hook=float).decode
+
+
+def parse_checked(data: bytes) -> Any:
+    """A checked event's data as Python objects, as orjson reads it (an integer past 64
+    bits as a float, so that it can be written again). A number orjson refuses, past a
+    double's range, which msgspec's check passed, is read by msgspec as inf: nothing
+    refuses an event after it went out."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _LENIENT(data)
 
 
 def decode_event(

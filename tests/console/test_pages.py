@@ -73,3 +73,13 @@ def test_values_are_escaped(owner):
     created = owner.post("/console/api/projects", {"name": "<img src=x onerror=alert(1)>"})
     page = owner.get(f"/console/projects/{created.json()['id']}")
     assert "<img src=x" not in page.text and "&lt;img src=x" in page.text
+
+
+def test_a_balance_past_the_largest_single_amount_shows(gateway, owner):
+    """An amount is at most 10^12 on the way in; a balance of two such credits is the
+    gateway's own figure, read back without that bound."""
+    pid = owner.post("/console/api/projects", {"name": "rich"}).json()["id"]
+    for _ in range(2):
+        gateway.cli("credit", "add", "--project", pid, "1000000000000")
+    page = owner.get(f"/console/projects/{pid}")
+    assert page.status_code == 200 and "2000000000000" in page.text.replace(",", "")

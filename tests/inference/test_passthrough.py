@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES
-from model_gateway.gateway.inference.tokens import estimate_tokens
+from model_gateway.gateway.inference.tokens import estimate_tokens, message_output
 from model_gateway.gateway.providers.chat_events import ChatEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
 from tests.support.fake_upstream import SECRET, FakeUpstream
@@ -131,6 +131,23 @@ def test_an_event_that_never_ends_is_malformed_past_a_mebibyte(line_end):
     batch, failure = events.feed(b"a" * (MAX_EVENT_BYTES // 2 + 100))
     assert batch == [] and isinstance(failure, UpstreamFailure)
     assert failure.detail == "malformed"
+
+
+def test_an_integer_past_64_bits_in_a_re_rendered_event_is_written_again():
+    """A re-rendered event (here CRLF framing) is read as orjson reads it, an integer past
+    64 bits as a float: written again, not refused mid-stream."""
+    big = CONTENT[2].replace(b'"usage":null', b'"usage":null,"seed":18446744073709551616')
+    out, renderer = relay([big + b"\r\n\r\n" + DONE], True)
+    assert b"1.8446744073709552e+19" in out and out.endswith(DONE)
+    assert renderer.output_text() == " and more"
+
+
+def test_reasoning_sent_under_both_names_counts_once():
+    """Recent vLLM fills `reasoning_content` and `reasoning` alike: the delta carries the
+    text once, and is counted once."""
+    both = {"reasoning_content": "Let me think.", "reasoning": "Let me think."}
+    assert message_output(both) == "Let me think."
+    assert message_output({"reasoning": "Hm.", "content": "Hi"}) == "HiHm."
 
 
 def test_usage_the_upstream_never_sent_leaves_the_text_to_count():
