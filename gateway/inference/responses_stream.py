@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from model_gateway.gateway.inference.responses_translate import (
+    PART_TEXT,
     ending,
     function_call_item,
     message_item,
@@ -19,12 +20,6 @@ from model_gateway.gateway.inference.responses_translate import (
     response_usage,
 )
 from model_gateway.gateway.inference.tokens import content_text, text_of
-
-# A message part's kind: the field that holds its text, and its events' names.
-_PARTS = {
-    "output_text": ("text", "response.output_text"),
-    "refusal": ("refusal", "response.refusal"),
-}
 
 
 def _logprobs(kind: str) -> dict:
@@ -107,7 +102,7 @@ class ResponsesEvents:
     def _text(self, text: str, kind: str = "output_text") -> list[Event]:
         """Text of a message part of `kind` (output_text, or refusal), in the current
         message if its part is of that kind, else in a new one."""
-        field, events_of = _PARTS[kind]
+        field = PART_TEXT[kind]
         events: list[Event] = []
         item = self.current
         if item is None or item["type"] != "message" or item["content"][0]["type"] != kind:
@@ -126,7 +121,7 @@ class ResponsesEvents:
         item["content"][0][field] += text
         events.append(
             self._event(
-                f"{events_of}.delta",
+                f"response.{kind}.delta",
                 item_id=item["id"],
                 output_index=self.output.index(item),
                 content_index=0,
@@ -175,11 +170,11 @@ class ResponsesEvents:
         events: list[Event] = []
         if item["type"] == "message":
             part = item["content"][0]
-            field, events_of = _PARTS[part["type"]]
+            kind, field = part["type"], PART_TEXT[part["type"]]
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
             events.append(
                 self._event(
-                    f"{events_of}.done", **common, **{field: part[field]}, **_logprobs(part["type"])
+                    f"response.{kind}.done", **common, **{field: part[field]}, **_logprobs(kind)
                 )
             )
             events.append(self._event("response.content_part.done", **common, part=part))

@@ -157,11 +157,16 @@ def response_usage(usage: Any) -> dict | None:
     }
 
 
+# A message part's kind, and the field that holds its text; its stream events are named
+# `response.<kind>.delta` and `.done`.
+PART_TEXT = {"output_text": "text", "refusal": "refusal"}
+
+
 def message_item(item_id: str, text: str, status: str, kind: str = "output_text") -> dict:
     """A message of one part: output text, or (kind "refusal") the model's refusal."""
-    part: dict[str, object] = {"type": "refusal", "refusal": text}
+    part: dict[str, object] = {"type": kind, PART_TEXT[kind]: text}
     if kind == "output_text":
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        part |= {"annotations": [], "logprobs": []}
     return {
         "type": "message",
         "id": item_id,
