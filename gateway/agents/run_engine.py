@@ -36,6 +36,7 @@ from model_gateway.gateway.agents.run_step import (
 )
 from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.inference.tokens import message_output
 from model_gateway.gateway.metering import owner_check
 from model_gateway.pipeline.endpoint import Endpoint, RouteTable
 from model_gateway.pipeline.errors import Conflict, InvalidRequest, NotFound
@@ -53,6 +54,8 @@ ABANDONED = {
     "message": "The process running this run died or stopped renewing its lease before the"
     " run ended.",
 }
+# The end a run gets when storage refused the one it reached (the run must still end).
+UNRECORDED = {"type": "internal_error", "message": "The run's end could not be recorded."}
 CAPACITY_RETRIES = 12  # sandbox capacity full: waits of retry-after (5 s), then the run fails
 STOP_WAIT_S = 30.0  # at shutdown: a cancelled step settles within this, or the sweeper fails it
 
@@ -303,7 +306,9 @@ class AgentEngine:
             message = (await self._step(state, "model", request))["choices"][0]["message"]
             calls = message.get("tool_calls") or []
             if not calls:
-                return message.get("content") or ""
+                # The answer's text: content may be OpenAI content parts (or a refusal),
+                # and the run's output is text.
+                return message_output(message, reasoning=False)
             messages.append(
                 {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
             )
@@ -349,36 +354,56 @@ class AgentEngine:
         raise AssertionError("unreachable")
 
     async def _finish(self, run_id: str, status: str, output: str | None, error) -> None:
+        end = (status, output, error)
         try:
-            ended = await self.storage.finish_run(run_id, status, output, error)
+            await self._end(run_id, end)
         except Exception:
-            log.exception("run %s could not be ended; retrying", run_id)
-            self._unfinished[run_id] = (status, output, error)
-            return
-        if not ended:
+            log.exception("run %s could not be ended as %s; ending it failed", run_id, status)
+            self._unfinished[run_id] = end
+            await self._end_unfinished(run_id)
+
+    async def _end(self, run_id: str, end: tuple[str, str | None, dict | None]) -> None:
+        if not await self.storage.finish_run(run_id, *end):
             log.warning("run %s had already been ended elsewhere", run_id)
+        self._unfinished.pop(run_id, None)
+        self.feed.notify(run_id)
+
+    async def _end_unfinished(self, run_id: str) -> None:
+        """A run whose end storage refused: that end once more (a passing failure), else
+        `failed` (a value storage will never take); both refused, storage is unavailable:
+        left for the sweeper's next turn, not logged again (the run was, once)."""
+        for end in (self._unfinished[run_id], ("failed", None, UNRECORDED)):
+            with contextlib.suppress(Exception):
+                await self._end(run_id, end)
+                return
 
     # -- the sweeper ---------------------------------------------------------------------
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            try:
-                await self.sweep()
-            except Exception:
-                log.exception("agent run sweep failed; retrying")
+            await self.sweep()  # never raises: each part logs its own failure
 
     async def sweep(self) -> None:
-        """Renew this process's leases, act on cancels from elsewhere, fail abandoned runs."""
+        """Renew this process's leases, act on cancels from elsewhere, end the runs whose
+        end storage refused, fail abandoned runs. Each part runs whatever another's fate:
+        one run that cannot be ended must not keep dead instances' runs from failing."""
+        for part in (self._renew, self._end_all_unfinished, self._fail_abandoned):
+            try:
+                await part()
+            except Exception:
+                log.exception("agent run sweep failed (%s); retrying", part.__name__)
+
+    async def _renew(self) -> None:
         flagged = await self.storage.renew_run_leases(self.owner, int(time.time() + self.lease_s))
         for run_id in flagged:
             live = self._live.get(run_id)
             if live is not None:
                 live.control.interrupt(cancelled())
-        for run_id, (status, output, error) in list(self._unfinished.items()):
-            await self.storage.finish_run(run_id, status, output, error)
-            del self._unfinished[run_id]
-        await self._fail_abandoned()
+
+    async def _end_all_unfinished(self) -> None:
+        for run_id in list(self._unfinished):
+            await self._end_unfinished(run_id)  # never raises: each run on its own
 
     async def _fail_abandoned(self) -> None:
         alive = await owner_check(self.storage)  # a dead instance's runs fail with its lease

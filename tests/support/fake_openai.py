@@ -39,6 +39,7 @@ PARTS = "parts-no-usage"  # the text as content parts, no usage
 HUGE_NUMBER = "huge-number"  # every chunk also carries 1e400, beyond a double; no usage
 HUGE_ANSWER = "huge-answer"  # a whole answer of 17 MiB
 REFUSAL = "refusal"  # the text as the model's refusal (`refusal`, no content)
+WHOLE_PARTS = "parts-whole-answer"  # a whole answer's text as content parts; streams: normal
 NO_USAGE = {"no-usage", PARTS, HUGE_NUMBER}
 OPENAI_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER, HUGE_ANSWER, REFUSAL]
 
@@ -104,6 +105,8 @@ class FakeOpenAI(FakeUpstream):
             message = {"role": "assistant", "content": "".join(pieces) or None}
             if model == REFUSAL:
                 message = {"role": "assistant", "content": None, "refusal": "".join(pieces)}
+            if model == WHOLE_PARTS:
+                message["content"] = [{"type": "text", "text": "".join(pieces)}]
             if call:
                 message["tool_calls"] = [call]
             payload = {
