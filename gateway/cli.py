@@ -19,6 +19,7 @@ from model_gateway.gateway.money import format_amount, parse_amount
 from model_gateway.gateway.proofs import verify_cli
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.gateway.terminal import escape, safe_output
 from model_gateway.storage import (
     KeyRecord,
     ProjectRecord,
@@ -414,7 +415,7 @@ def _print(record: dict, as_json: bool) -> None:
             _print({f"{name}.{inner}": v for inner, v in value.items()}, as_json)
             continue
         shown = ",".join(value) if isinstance(value, list) else ("-" if value is None else value)
-        print(f"{name}: {shown}")
+        print(f"{escape(name)}: {escape(str(shown))}")
 
 
 def _fail(message: str, as_json: bool, kind: str) -> int:
@@ -422,7 +423,7 @@ def _fail(message: str, as_json: bool, kind: str) -> int:
         sys.stdout.write(
             orjson.dumps({"error": {"type": kind, "message": message}}).decode() + "\n"
         )
-    print(f"gateway: {message}", file=sys.stderr)
+    print(f"gateway: {escape(message)}", file=sys.stderr)  # it may quote a name
     return 1
 
 
@@ -437,7 +438,11 @@ def _usage_failed(exc: UsageError, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    words = sys.argv[1:] if argv is None else list(argv)
+    with safe_output():  # every command's output, whoever prints it
+        return _run(sys.argv[1:] if argv is None else list(argv))
+
+
+def _run(words: list[str]) -> int:
     try:
         args = _parser().parse_args(words)
     except UsageError as exc:

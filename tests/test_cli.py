@@ -23,11 +23,14 @@ def cli(tmp_path) -> GatewayProcess:
     return GatewayProcess(tmp_path)
 
 
-def run(process: GatewayProcess, *args: str, json_out: bool = True) -> subprocess.CompletedProcess:
+def run(
+    process: GatewayProcess, *args: str, json_out: bool = True, input: str | None = None
+) -> subprocess.CompletedProcess:
     """The installed `gateway` command, in its own process."""
     argv = [GATEWAY, *args, "--config", str(process.config_path)]
     return subprocess.run(
         [*argv, "--json"] if json_out else argv,
+        input=input,
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,6 +4,8 @@ database in its own folder."""
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 import stat
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.support import ConsoleClient, create_user
 from tests.support.gateway_process import GatewayProcess
 from tests.test_cli import call, new_project, one_object, record, run
 
@@ -171,3 +174,45 @@ def test_every_file_the_server_creates_is_the_operators_alone(tmp_path):
         found = modes(tmp_path, skip={"config.toml", "gateway.log"})
     assert {"data/gateway.db-wal", "data/gateway.db-shm", "data/signing-key"} <= set(found)
     assert_private(found)
+
+
+# ESC (C0), DEL and CSI (C1, U+009B), and a newline that would start a forged line.
+HOSTILE = "\x1b[31mred\x1b]0;title\x07\x7f\u009b2J\nbalance: 1000000"
+TERMINAL_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def test_no_command_lets_a_name_steer_the_operators_terminal(tmp_path):
+    """Hardening III: names made in the console (or by API clients) reach the operator's
+    terminal through every human-readable command, escaped; --json keeps them exact."""
+    with GatewayProcess(tmp_path) as gateway:
+        create_user(gateway, "owner@example.com")
+        console = ConsoleClient(gateway)
+        assert console.login("owner@example.com").status_code == 200
+        made = console.post("/console/api/projects", {"name": HOSTILE})
+        assert made.status_code == 201, made.text
+        console.close()
+    project = made.json()["id"]
+    prefix = record(gateway, "keys", "create", "--project", project, "--scopes", "inference")[
+        "prefix"
+    ]
+    outputs = [
+        run(gateway, "projects", "list", json_out=False),
+        run(gateway, "projects", "show", project, json_out=False),
+        run(gateway, "keys", "update", prefix, "--name", HOSTILE, json_out=False),
+        run(gateway, "keys", "list", "--project", project, json_out=False),
+        run(gateway, "users", "create", f"a{HOSTILE}@example.com", "--password-stdin",
+            json_out=False, input="correct horse battery staple\n"),
+        run(gateway, "users", "list", json_out=False),
+        run(gateway, "payments", "record", "--project", project, "1", "--reference", HOSTILE,
+            json_out=False),
+        run(gateway, "projects", "show", HOSTILE, json_out=False),  # the error names it
+    ]  # fmt: skip
+    for done in outputs:
+        text = done.stdout + done.stderr
+        assert not TERMINAL_CONTROLS.findall(text), (done.args, text)
+        assert "\nbalance: 1000000" not in text, "a value started a line of its own"
+    assert outputs[0].stdout.count("\\u001b[31mred") == 1
+    assert "\\u009b2J\\u000abalance: 1000000" in outputs[1].stdout
+    assert outputs[-1].returncode == 1 and "\\u001b[31mred" in outputs[-1].stderr
+    listed = json.loads(run(gateway, "projects", "list").stdout)["data"]
+    assert [p["name"] for p in listed] == [HOSTILE]
