@@ -1,6 +1,13 @@
 """`gateway doctor`: checks a deployment without changing it, and says what is wrong in
 plain words: the config, the storage, the secrets' modes, provider credentials, the
-sandbox nodes (reachable, isolated). Exit 0 when every check passes, 1 otherwise."""
+sandbox nodes (reachable, isolated).
+
+Exit 1 only for a problem, what stops the deployment from serving: a broken config,
+storage that does not answer, a secret others can read, an available model whose own
+provider is unusable, a sandbox node that cannot run code. What `gateway serve` creates
+itself (a fresh install's database and secrets), a provider no available model needs and
+a spawned node not running yet are warnings: exit 0 (decisions.md, "Hardening III").
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,9 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import orjson
 
@@ -31,8 +39,19 @@ NODE_TIMEOUT_S = 3
 @dataclass(frozen=True, slots=True)
 class Check:
     name: str
-    ok: bool
+    level: Literal["ok", "warning", "problem"]
     detail: str
+
+    def view(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "ok": self.level == "ok",
+            "level": self.level,
+            "detail": self.detail,
+        }
+
+
+_SHOWN = {"ok": "ok     ", "warning": "WARNING", "problem": "PROBLEM"}
 
 
 def add_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -42,29 +61,30 @@ def add_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 def run(args: argparse.Namespace) -> int:
     checks = list(diagnose(args.config))
-    healthy = all(check.ok for check in checks)
+    serves = all(check.level != "problem" for check in checks)
     if args.json:
-        record = {"ok": healthy, "checks": [asdict(check) for check in checks]}
+        warnings = sum(check.level == "warning" for check in checks)
+        record = {"ok": serves, "warnings": warnings, "checks": [c.view() for c in checks]}
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
     else:
         for check in checks:
-            print(f"{'ok     ' if check.ok else 'PROBLEM'}  {check.name}: {check.detail}")
-    return 0 if healthy else 1
+            print(f"{_SHOWN[check.level]}  {check.name}: {check.detail}")
+    return 0 if serves else 1
 
 
 def diagnose(config_path: str | None) -> Iterator[Check]:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        yield Check("config", False, str(exc))
+        yield Check("config", "problem", str(exc))
         return
-    yield Check("config", True, f"{config.source} is valid")
+    yield Check("config", "ok", f"{config.source} is valid")
     yield _storage(config)
     yield from _secrets(config)
     yield from _providers(config)
     nodes = config.sandbox_node_entries()
     if not nodes:
-        yield Check("sandbox node", True, "not configured: sandbox executions answer 502")
+        yield Check("sandbox node", "ok", "not configured: sandbox executions answer 502")
     for name, node in nodes:
         yield _sandbox_node(name, node)
 
@@ -73,13 +93,13 @@ def _storage(config: Config) -> Check:
     url = config.storage_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         return Check(
-            "storage", False, "the database does not exist yet: `gateway serve` creates it"
+            "storage", "warning", "the database does not exist yet: `gateway serve` creates it"
         )
     try:
         asyncio.run(_answers(url))
     except StorageError as exc:
-        return Check("storage", False, f"cannot use the storage: {exc}")
-    return Check("storage", True, "answers")
+        return Check("storage", "problem", f"cannot use the storage: {exc}")
+    return Check("storage", "ok", "answers")
 
 
 async def _answers(url: str) -> None:
@@ -92,13 +112,13 @@ async def _answers(url: str) -> None:
 
 def _private(path: Path, what: str, mode: int) -> Check:
     if not path.exists():
-        return Check(what, False, f"{path} is missing (`gateway serve` creates it)")
+        return Check(what, "warning", f"{path} is missing (`gateway serve` creates it)")
     actual = stat.S_IMODE(path.stat().st_mode)
     if actual & 0o077:
         return Check(
-            what, False, f"{path} is mode {actual:04o}: others can read it; chmod {mode:04o}"
+            what, "problem", f"{path} is mode {actual:04o}: others can read it; chmod {mode:04o}"
         )
-    return Check(what, True, f"{path} is mode {actual:04o}")
+    return Check(what, "ok", f"{path} is mode {actual:04o}")
 
 
 def _secrets(config: Config) -> Iterator[Check]:
@@ -114,11 +134,16 @@ def _providers(config: Config) -> Iterator[Check]:
     for name, provider in config.providers.items():
         why = provider.not_ready_because()
         served = sorted(m for m, model in config.models.items() if model.provider == name)
-        models = ", ".join(served) or "no model"
-        if why:
-            yield Check(f"provider {name}", False, f"{why}: requests to {models} answer 503")
+        needed = [m for m in served if config.models[m].available]
+        if not why:
+            yield Check(f"provider {name}", "ok", f"ready for {', '.join(served) or 'no model'}")
+        elif needed:
+            yield Check(
+                f"provider {name}", "problem", f"{why}: requests to {', '.join(needed)} answer 503"
+            )
         else:
-            yield Check(f"provider {name}", True, f"ready for {models}")
+            # A fresh install's example providers: nothing is lost until a model needs one.
+            yield Check(f"provider {name}", "warning", f"{why}: no available model needs it")
 
 
 def _sandbox_node(name: str, node: SandboxNodeEntry) -> Check:
@@ -128,15 +153,16 @@ def _sandbox_node(name: str, node: SandboxNodeEntry) -> Check:
         with urllib.request.urlopen(node.url + "/healthz", timeout=NODE_TIMEOUT_S) as answer:  # noqa: S310 (the operator's own URL)
             health = orjson.loads(answer.read())
     except (urllib.error.URLError, OSError, orjson.JSONDecodeError) as exc:
-        spawned = isinstance(node, SandboxNodeConfig) and node.spawn
-        hint = " (it starts with `gateway serve` when spawn = true)" if spawned else ""
-        return Check(label, False, f"{node.url} is not reachable: {exc}{hint}")
+        if isinstance(node, SandboxNodeConfig) and node.spawn:
+            hint = " (it starts with `gateway serve`: spawn = true)"
+            return Check(label, "warning", f"{node.url} is not reachable: {exc}{hint}")
+        return Check(label, "problem", f"{node.url} is not reachable: {exc}")
     isolation = health.get("isolation", {})
     if not isolation.get("will_execute"):
-        return Check(label, False, f"reachable but refuses to run code: {isolation.get('refusal')}")
+        refusal = isolation.get("refusal")
+        return Check(label, "problem", f"reachable but refuses to run code: {refusal}")
     if isolation.get("degraded"):
-        return Check(
-            label, False, "reachable but DEGRADED: " + "; ".join(isolation.get("notes", []))
-        )
+        notes = "; ".join(isolation.get("notes", []))
+        return Check(label, "problem", f"reachable but DEGRADED: {notes}")
     runtimes = ", ".join(isolation.get("runtimes", []))
-    return Check(label, True, f"reachable and isolated; runtimes {runtimes}")
+    return Check(label, "ok", f"reachable and isolated; runtimes {runtimes}")
