@@ -18,6 +18,7 @@ from model_gateway.gateway.agents.agent_views import (
 )
 from model_gateway.gateway.console.guard import project_of, visible_project
 from model_gateway.gateway.console.mount import SESSION, Call
+from model_gateway.gateway.console.payload import whole_number
 from model_gateway.gateway.console.views import page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.pipeline.endpoint import Endpoint
@@ -49,9 +50,14 @@ async def visible_run(console, call: Call) -> tuple[AgentRecord, RunRecord]:
 
 
 def _after(call: Call) -> int:
-    """Where a reconnecting stream resumes: after the step of `Last-Event-ID`."""
+    """Where a reconnecting stream resumes: after the step of `Last-Event-ID` (an id this
+    stream gave), from the start without one. Read before the stream starts: a bad one is
+    a 400, not a stream cut mid-body."""
     last = call.request.headers.get("last-event-id", "")
-    return int(last) + 1 if last.isdigit() else 0
+    if not last:
+        return 0
+    message = "'Last-Event-ID' is not an event id this stream gave."
+    return whole_number(last, "Last-Event-ID", message) + 1
 
 
 def routes(console) -> list[Endpoint]:
@@ -83,9 +89,10 @@ def routes(console) -> list[Endpoint]:
 
     async def run_events(call: Call):
         _, run = await visible_run(console, call)
+        after = _after(call)
 
         async def stream():
-            async for event in engine().events(run.id, after=_after(call)):
+            async for event in engine().events(run.id, after=after):
                 yield event.sse()
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -25,6 +25,7 @@ from model_gateway.gateway.money import parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
 _P = "/console/projects/{project_id}"
+MAX_DAYS = 366  # the usage page's chart: a bar a day
 
 
 def routes(console) -> list[Endpoint]:
@@ -35,7 +36,11 @@ def routes(console) -> list[Endpoint]:
         default_first, default_last = month_bounds(datetime.now(UTC).date())
         first = query_date(call.query("from"), "from", default_first)
         last = query_date(call.query("to"), "to", default_last)
-        if last < first or (last - first).days > 366:
+        notice = ""
+        if last < first or (last - first).days > MAX_DAYS:
+            # Said on the page, never silently: the chart shows another range than asked.
+            why = "'From' is after 'To'" if last < first else f"The range is over {MAX_DAYS} days"
+            notice = f'<p class="error-text" role="alert">{why}: showing this month instead.</p>'
             first, last = default_first, default_last
         by_day = await usage_report(storage, project.id, first, last, "day")
         by_model = await usage_report(storage, project.id, first, last, "model")
@@ -62,6 +67,7 @@ def routes(console) -> list[Endpoint]:
             + field("From", "from", kind="date", value=first.isoformat())
             + field("To", "to", kind="date", value=last.isoformat())
             + '<button type="submit">Show</button></form>'
+            + notice
             + facts(
                 [
                     ("Cost", amount_html(total["cost"])),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime
 
 from model_gateway.gateway import keys
@@ -106,26 +107,44 @@ class Fields:
             raise InvalidRequest(f"Unknown field '{extra[0]}'.", param=extra[0])
 
 
+# Query values and headers are ASCII digits only: "²".isdigit() is true, yet int("²") fails,
+# and a number beyond storage's 64 bits fails there. Either was a 500; a bad value is a 400.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,19}")
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def whole_number(text: str, name: str, message: str) -> int:
+    """A non-negative integer storage can hold, else 400 `message` naming `name`."""
+    if _WHOLE_NUMBER.fullmatch(text) is None or int(text) > _MAX_INT:
+        raise InvalidRequest(message, param=name)
+    return int(text)
+
+
 def query_date(text: str | None, name: str, default: date) -> date:
+    """An inclusive UTC day: one whose end (the next day's start) is a date too."""
     if text is None:
         return default
+    message = f"'{name}' must be a date YYYY-MM-DD before 9999-12-31."
     try:
-        return date.fromisoformat(text)
+        day = date.fromisoformat(text) if _DATE.fullmatch(text) else None
     except ValueError:
-        raise InvalidRequest(f"'{name}' must be a date YYYY-MM-DD.", param=name) from None
+        day = None
+    if day is None or day == date.max:
+        raise InvalidRequest(message, param=name)
+    return day
 
 
 def query_limit(text: str | None, default: int = 50, high: int = 200) -> int:
     if text is None:
         return default
-    if not text.isdigit() or not 1 <= int(text) <= high:
-        raise InvalidRequest(f"'limit' must be between 1 and {high}.", param="limit")
-    return int(text)
+    message = f"'limit' must be between 1 and {high}."
+    limit = whole_number(text, "limit", message)
+    if not 1 <= limit <= high:
+        raise InvalidRequest(message, param="limit")
+    return limit
 
 
 def query_cursor(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit():
-        raise InvalidRequest("'cursor' is not a cursor this endpoint gave.", param="cursor")
-    return int(text)
+    return whole_number(text, "cursor", "'cursor' is not a cursor this endpoint gave.")

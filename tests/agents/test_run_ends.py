@@ -64,9 +64,7 @@ def test_a_run_whose_model_answers_content_parts_completes_with_their_text(tmp_p
     assert "could not be ended" not in gw.log() and "sweep failed" not in gw.log()
 
 
-async def test_a_run_whose_end_storage_refuses_fails_and_the_sweeper_goes_on(
-    make_gateway, caplog
-):
+async def test_a_run_whose_end_storage_refuses_fails_and_the_sweeper_goes_on(make_gateway, caplog):
     gw = await make_gateway(lease_s=1.5)
     project = await gw.project("1.00")
     agent = await gw.storage.create_agent(
