@@ -1,40 +1,52 @@
-"""`gateway verify FILE_OR_URL [--key HEX | --keys-url URL] [--json]`.
+"""`gateway verify FILE_OR_URL [--key HEX | --keys-url URL] [--config F] [--json]`.
 
 Checks a proof document offline: the receipt signature, the inclusion proof and the signed
-tree head. Which key is trusted decides what a valid result means, and the output says it:
+tree head, against the first key found of:
 
 - `--key HEX`: the key given (best: obtained from the operator by another channel);
-- `--keys-url URL`: the key published there;
-- a URL and neither option: the key the same deployment publishes at /api/proofs/keys,
-  reported as fetched from the server (trust on first use);
-- a file and neither option: only the key the document names itself. That shows the
-  document is internally consistent, not who made it, so it is never reported as trusted.
+- `--keys-url URL`: the key published there, a place the user chose;
+- the deployment's own signing key, found through its config (`--config`,
+  `GATEWAY_CONFIG`, `./config.toml`): the operator checking their own receipts;
+- for a URL, the key the same server publishes at /api/proofs/keys; for a file, the key
+  the document names itself. Either shows that the document is internally consistent,
+  not who made it: "signature valid, key not trusted".
 
-Exit status: 0 valid, 1 invalid (the reasons are printed), 2 could not check (unreadable
-document or keys, receipt still pending).
+Exit status (decisions.md, "Hardening III"): 0 valid against a trusted key, 1 invalid (the
+reasons are printed), 2 could not check (unreadable document, keys or key file, receipt
+still pending), 3 valid only against a key that is not trusted. FILE_OR_URL without a
+scheme but with a port (`localhost:8080/proofs/rcpt_...`) is an http URL.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import orjson
 
+from model_gateway.gateway.config import ConfigError, load_config
+from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.verify import DocumentError, load_document, verify_proof_document
 
-EXIT_VALID, EXIT_INVALID, EXIT_UNCHECKED = 0, 1, 2
+EXIT_VALID, EXIT_INVALID, EXIT_UNCHECKED, EXIT_UNTRUSTED = 0, 1, 2, 3
 PENDING_WAIT_S = 5.0
 PENDING_POLL_S = 0.25
 
+_NOT_TRUSTED = "NOT trusted: pass --key, or run where the deployment's config is"
 _KEY_SOURCES = {
     "argument": "given with --key",
     "keys_url": "published at --keys-url",
-    "server": "fetched from the server (trust on first use)",
-    "document": "named by the document itself (NOT trusted: pass --key or --keys-url)",
+    "config": "the deployment's own signing key",
+    "server": f"fetched from the server (trust on first use; {_NOT_TRUSTED})",
+    "document": f"named by the document itself ({_NOT_TRUSTED})",
 }
+_TRUSTED_SOURCES = frozenset({"argument", "keys_url", "config"})
+# host:port/... with no scheme: what an operator copies from a log line or a browser bar.
+_HOST_AND_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}(/|\Z)")
 
 
 class _Unchecked(Exception):
@@ -71,6 +83,14 @@ def keys_url_for(proof_url: str) -> str:
 
 def _is_url(text: str) -> bool:
     return text.startswith(("http://", "https://"))
+
+
+def proof_location(text: str) -> str:
+    """The argument as load_document takes it: `host:port/...` is an http URL (unless a
+    file of that name exists), everything else as given."""
+    if not _is_url(text) and _HOST_AND_PORT.match(text) and not Path(text).exists():
+        return "http://" + text
+    return text
 
 
 def _load_proof(target: str) -> dict:
@@ -111,28 +131,55 @@ def _published_key(keys_url: str, key_id: object) -> bytes:
     return public_key
 
 
+def _deployment_key(config_path: str | None) -> tuple[bytes, str] | None:
+    """The public half of the deployment's own signing key and where it was read, found
+    through the config; None where there is no key file (not a deployment's folder).
+    Read, never created: verifying changes nothing."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise _Unchecked(str(exc)) from None
+    path = config.path(config.secrets.signing_key_file)
+    try:
+        seed = bytes.fromhex(path.read_text().strip())
+        return SigningKey(seed).public_key, f"{path} ({config.source})"
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise _Unchecked(f"cannot read the deployment's signing key {path}: {exc}") from None
+
+
+def _given_key(text: str) -> bytes:
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise _Unchecked("--key must be an Ed25519 public key: 64 hex characters")
+    return key
+
+
 def _check(args) -> dict:
-    source, keys_url, trusted = "document", None, None
-    if args.key is not None:
-        try:
-            trusted = bytes.fromhex(args.key)
-        except ValueError:
-            trusted = b""
-        if len(trusted) != 32:
-            raise _Unchecked("--key must be an Ed25519 public key: 64 hex characters")
-        source = "argument"
-    doc = _load_proof(args.file_or_url)
-    if args.keys_url is not None:
+    given = None if args.key is None else _given_key(args.key)  # before any fetch
+    target = proof_location(args.file_or_url)
+    doc = _load_proof(target)
+    source, keys_url, key, where = "document", None, None, ""
+    if given is not None:
+        source, key = "argument", given
+    elif args.keys_url is not None:
         source, keys_url = "keys_url", args.keys_url
-    elif args.key is None and _is_url(args.file_or_url):
-        source, keys_url = "server", keys_url_for(args.file_or_url)
+    elif (own := _deployment_key(args.config)) is not None:
+        (key, where), source = own, "config"
+    elif _is_url(target):
+        source, keys_url = "server", keys_url_for(target)
     if keys_url is not None:
-        trusted = _published_key(keys_url, doc.get("key_id"))
-    result = verify_proof_document(doc, trusted)
+        key = _published_key(keys_url, doc.get("key_id"))
+    result = verify_proof_document(doc, key)
     report = msgspec.to_builtins(result)
     report["checked"] = True
+    report["key_trusted"] = source in _TRUSTED_SOURCES
     report["key_source"] = source
-    report["key_source_detail"] = _KEY_SOURCES[source]
+    report["key_source_detail"] = _KEY_SOURCES[source] + (f": {where}" if where else "")
     report["keys_url"] = keys_url
     if result.ok:
         report["issued_at"] = doc["receipt"]["issued_at"]
@@ -143,9 +190,11 @@ def _check(args) -> dict:
 
 def _print_text(report: dict) -> None:
     if report["ok"]:
+        verdict = "OK" if report["key_trusted"] else "signature valid, key not trusted"
         print(
-            f"OK: receipt {report['receipt_id']} ({report['status']}, cost {report['cost']} USD,"
-            f" issued {report['issued_at']}) is signed by key {report['key_id']} and included"
+            f"{verdict}: receipt {report['receipt_id']} ({report['status']},"
+            f" cost {report['cost']} USD, issued {report['issued_at']}) is signed by key"
+            f" {report['key_id']} and included"
             f" at leaf {report['leaf_index']} of the log of size {report['tree_size']}"
             f" (root {report['root_hash']})."
         )
@@ -159,8 +208,9 @@ def _print_text(report: dict) -> None:
     print(f"key: {detail}")
     if report["key_source"] == "server" and report["ok"]:
         print(
-            "  A key fetched from the server that serves the proof shows that this deployment"
-            " signed it; compare the key id with one you obtained independently, or pass --key."
+            "  A key fetched from the server that serves the proof shows only that whoever"
+            " runs that server signed it; compare the key id with one you obtained"
+            " independently, or pass --key."
         )
 
 
@@ -178,4 +228,6 @@ def run(args) -> int:
         sys.stdout.write(orjson.dumps(report).decode() + "\n")
     else:
         _print_text(report)
-    return EXIT_VALID if report["ok"] else EXIT_INVALID
+    if not report["ok"]:
+        return EXIT_INVALID
+    return EXIT_VALID if report["key_trusted"] else EXIT_UNTRUSTED

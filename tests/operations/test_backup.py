@@ -90,10 +90,15 @@ def test_backup_under_load_then_restore(tmp_path):
         while httpx.get(proof_url).status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        # Against the restored deployment's own signing key, read through its config.
         verified = subprocess.run(
-            [GATEWAY, "verify", proof_url, "--json"], capture_output=True, text=True, timeout=60
+            [GATEWAY, "verify", proof_url, "--config", str(restored.config_path), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert json.loads(verified.stdout)["key_source"] == "config"
     finally:
         restored.stop()
 

@@ -8,6 +8,8 @@ import copy
 import hashlib
 import json
 import operator
+import os
+import subprocess
 
 import msgspec
 import pytest
@@ -23,6 +25,7 @@ from model_gateway.gateway.proofs.receipts import (
 )
 from model_gateway.gateway.proofs.verify_cli import keys_url_for
 from tests.proofs_e2e.conftest import chat, verify, wait_proof
+from tests.support.gateway_process import GATEWAY
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +133,74 @@ def test_a_new_proof_is_proven_by_its_signed_head_and_checkpoint_alone(proof):
     assert proof["checkpoint"].startswith("gateway.local/log\n" + str(proof["tree_head"]["size"]))
 
 
-def test_a_file_without_a_key_is_consistent_but_never_trusted(tmp_path, proof):
-    code, report, output = verify(save(tmp_path, proof), "--json")
-    assert code == 0, output
+def verify_in(folder, *args: str, **env: str) -> tuple[int, dict | None, str]:
+    """`gateway verify ARGS` run in `folder`, where no config is unless the test put one
+    (the deployment's own key is looked for through GATEWAY_CONFIG and ./config.toml)."""
+    environment = {k: v for k, v in os.environ.items() if k != "GATEWAY_CONFIG"}
+    done = subprocess.run(
+        [GATEWAY, "verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=folder,
+        env={**environment, **env},
+    )
+    parsed = json.loads(done.stdout) if "--json" in args and done.stdout.strip() else None
+    return done.returncode, parsed, done.stdout + done.stderr
+
+
+def test_a_file_without_a_trusted_key_is_valid_but_exits_3(tmp_path, proof):
+    """Only the key the document names: consistent, and proving nothing about who made it."""
+    code, report, output = verify_in(tmp_path, save(tmp_path, proof), "--json")
+    assert code == 3, output
     assert report["ok"] is True
     assert report["key_trusted"] is False
     assert report["key_source"] == "document"
-    _, _, text = verify(save(tmp_path, proof))
+    code, _, text = verify_in(tmp_path, save(tmp_path, proof))
+    assert code == 3
+    assert text.startswith("signature valid, key not trusted: receipt ")
     assert "NOT trusted" in text
+
+
+def test_a_url_without_a_trusted_key_is_valid_but_exits_3(gateway, tmp_path, proof):
+    """The key the same server publishes is trust on first use, not trust."""
+    url = f"{gateway.url}/api/proofs/{proof['receipt']['id']}"
+    code, report, output = verify_in(tmp_path, url, "--json")
+    assert code == 3, output
+    assert (report["ok"], report["key_trusted"], report["key_source"]) == (True, False, "server")
+    code, _, text = verify_in(tmp_path, url)
+    assert code == 3 and text.startswith("signature valid, key not trusted")
+
+
+def test_the_deployments_own_key_is_found_through_its_config(gateway, tmp_path, proof):
+    """--config, GATEWAY_CONFIG or ./config.toml: the operator checks their own receipts
+    against the key file itself, and a document signed by any other key fails."""
+    path = save(tmp_path, proof)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = str(gateway.config_path)
+    for folder, args, env in (
+        (elsewhere, ["--config", config], {}),
+        (elsewhere, [], {"GATEWAY_CONFIG": config}),
+        (gateway.folder, [], {}),
+    ):
+        code, report, output = verify_in(folder, path, *args, "--json", **env)
+        assert code == 0, (args, env, output)
+        assert (report["ok"], report["key_trusted"], report["key_source"]) == (True, True, "config")
+        assert str(gateway.folder / "data" / "signing-key") in report["key_source_detail"]
+    code, report, output = verify_in(elsewhere, save(tmp_path, forged(proof), "forged.json"),
+                                     "--config", config, "--json")  # fmt: skip
+    assert code == 1, output
+    assert "the document is signed by a key other than the trusted one" in report["reasons"]
+
+
+def test_host_and_port_without_a_scheme_is_a_url(gateway, tmp_path, proof, public_key):
+    bare = gateway.url.removeprefix("http://")  # 127.0.0.1:PORT
+    for page in ("api/proofs", "proofs"):
+        target = f"{bare}/{page}/{proof['receipt']['id']}"
+        code, report, output = verify_in(tmp_path, target, "--key", public_key, "--json")
+        assert code == 0, output
+        assert report["receipt_id"] == proof["receipt"]["id"]
 
 
 def forged(doc: dict) -> dict:
@@ -163,8 +226,8 @@ def test_a_document_signed_by_another_key_fails_against_the_deployment(
 ):
     path = save(tmp_path, forged(proof))
     # Alone it only shows self-consistency, and says so.
-    code, report, _ = verify(path, "--json")
-    assert (code, report["ok"], report["key_trusted"]) == (0, True, False)
+    code, report, _ = verify_in(tmp_path, path, "--json")
+    assert (code, report["ok"], report["key_trusted"]) == (3, True, False)
     for trust in (["--key", public_key], ["--keys-url", f"{gateway.url}/api/proofs/keys"]):
         code, report, output = verify(path, *trust, "--json")
         assert code == 1, output
