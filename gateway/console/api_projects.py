@@ -18,10 +18,11 @@ from model_gateway.gateway.console.views import iso, page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.pipeline.endpoint import Endpoint
-from model_gateway.pipeline.errors import Conflict, InvalidRequest, NotFound
+from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from model_gateway.storage import StateConflict
 
 _PROJECT = "/console/api/projects/{project_id}"
+MEMBER_PATCH_FIELDS = frozenset({"name"})  # what a member may PATCH (decisions, Hardening III)
 
 
 async def project_view(storage, project) -> dict:
@@ -77,7 +78,12 @@ def routes(console) -> list[Endpoint]:
 
     async def patch_project(call: Call):
         found = await project_of(storage, call)
-        fields = Fields(await call.json())
+        body = await call.json()
+        if call.user.role != "owner" and set(body) - MEMBER_PATCH_FIELDS:
+            # Budget, limits, model policy and payer addresses are money: the owner's.
+            # Named by what members may change, so that a field added later (tpm) is too.
+            raise Forbidden("Only an owner may change a project's limits, models or payers.")
+        fields = Fields(body)
         changes = _project_options(fields)
         payers = _payers(fields)
         fields.unknown()

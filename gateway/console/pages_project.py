@@ -22,6 +22,50 @@ from model_gateway.pipeline.endpoint import Endpoint
 _P = "/console/projects/{project_id}"
 
 
+def _limits_form(api: str, p: dict, onchain: bool) -> str:
+    """What only an owner changes: budget, rpm, model policy, payer addresses."""
+    return "<h2>Limits and models</h2>" + api_form(
+        api,
+        field(
+            "Monthly budget (USD, empty: none)",
+            "monthly_budget",
+            value=p["monthly_budget"] or "",
+        )
+        + field(
+            "Requests per minute (empty: default)",
+            "rpm",
+            kind="number",
+            value=p["rpm"] or "",
+            extra="min=1 data-int",
+        )
+        + field(
+            "Allowed models (comma-separated, empty: every model)",
+            "allow_models",
+            value=",".join(p["allow_models"] or []),
+            extra="data-list",
+        )
+        + field(
+            "Excluded models (comma-separated)",
+            "exclude_models",
+            value=",".join(p["exclude_models"]),
+            extra="data-list",
+        )
+        + (
+            field(
+                "Payer addresses (comma-separated, for onchain purchases)",
+                "payer_addresses",
+                value=",".join(p["payer_addresses"]),
+                extra="data-list",
+            )
+            if onchain
+            else ""
+        ),
+        "Save",
+        method="PATCH",
+        extra="data-empty-null",
+    )
+
+
 def routes(console) -> list[Endpoint]:
     storage = console.storage
 
@@ -51,46 +95,6 @@ def routes(console) -> list[Endpoint]:
         body = summary
         if project.state == "active":
             api = f"/console/api/projects/{project.id}"
-            body += "<h2>Limits and models</h2>" + api_form(
-                api,
-                field(
-                    "Monthly budget (USD, empty: none)",
-                    "monthly_budget",
-                    value=p["monthly_budget"] or "",
-                )
-                + field(
-                    "Requests per minute (empty: default)",
-                    "rpm",
-                    kind="number",
-                    value=p["rpm"] or "",
-                    extra="min=1 data-int",
-                )
-                + field(
-                    "Allowed models (comma-separated, empty: every model)",
-                    "allow_models",
-                    value=",".join(p["allow_models"] or []),
-                    extra="data-list",
-                )
-                + field(
-                    "Excluded models (comma-separated)",
-                    "exclude_models",
-                    value=",".join(p["exclude_models"]),
-                    extra="data-list",
-                )
-                + (
-                    field(
-                        "Payer addresses (comma-separated, for onchain purchases)",
-                        "payer_addresses",
-                        value=",".join(p["payer_addresses"]),
-                        extra="data-list",
-                    )
-                    if onchain
-                    else ""
-                ),
-                "Save",
-                method="PATCH",
-                extra="data-empty-null",
-            )
             if onchain:
                 body += "<h2>Credit an onchain purchase</h2>" + api_form(
                     api + "/purchases",
@@ -99,7 +103,8 @@ def routes(console) -> list[Endpoint]:
                     ),
                     "Check and credit",
                 )
-            if call.user.role == "owner":
+            if call.user.role == "owner":  # members read the limits above; owners change them
+                body += _limits_form(api, p, onchain)
                 body += "<h2>Record a payment</h2>" + api_form(
                     api + "/payments",
                     field("Amount (USD)", "amount", extra='required inputmode="decimal"')

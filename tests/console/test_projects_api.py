@@ -4,6 +4,7 @@ decisions.md, over real HTTP; keys made in the console are checked on /v1."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.console.support import error_type
 from tests.support.http import bearer, chat_body
@@ -189,6 +190,45 @@ def test_owner_only_actions_are_403_for_members(gateway, member, member_email, p
         response = member.post(path, body)
         assert response.status_code == 403, path
         assert error_type(response) == "forbidden"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"monthly_budget": "1000"},
+        {"monthly_budget": None},
+        {"rpm": 100000},
+        {"rpm": None},
+        {"allow_models": ["echo-1"]},
+        {"allow_models": None},
+        {"exclude_models": ["echo-1"]},
+        {"exclude_models": None},
+        {"payer_addresses": ["0x" + "ab" * 20]},
+        {"tpm": 1000},  # a field to come: the owner's too
+        {"monthly_budget": "not an amount"},  # refused before it is read
+    ],
+)
+def test_members_cannot_patch_a_projects_money_and_limits(
+    gateway, owner, member, member_email, change
+):
+    """Every PATCH field but `name` is the owner's: a member of the project gets 403, and
+    the project is unchanged; the member keeps keys and every read."""
+    project = owner.post(
+        "/console/api/projects",
+        {"name": "limits", "monthly_budget": "5", "rpm": 10, "exclude_models": ["echo-off"]},
+    ).json()
+    gateway.cli("users", "grant", member_email, "--project", project["id"])
+    path = f"/console/api/projects/{project['id']}"
+    before = owner.get(path).json()
+    refused = member.patch(path, change)
+    assert refused.status_code == 403, refused.text
+    assert error_type(refused) == "forbidden"
+    assert owner.get(path).json() == before
+    assert member.get(path).status_code == 200
+    assert member.post(path + "/keys", {"scopes": ["inference"]}).status_code == 201
+    page = member.get(f"/console/projects/{project['id']}")
+    assert page.status_code == 200 and "Limits and models" not in page.text
+    assert "Limits and models" in owner.get(f"/console/projects/{project['id']}").text
 
 
 def test_payments_credit_once_per_reference(gateway, owner, project):
