@@ -6,9 +6,11 @@ import importlib
 
 from model_gateway.storage.base import (
     Account,
+    AmountOverflow,
     KeyRecord,
     LimitReached,
     LogLeaf,
+    PayerAddressTaken,
     ProjectRecord,
     ReceiptRecord,
     RecordNotFound,
@@ -41,9 +43,11 @@ async def open_storage(url: str) -> Storage:
 
 __all__ = [
     "Account",
+    "AmountOverflow",
     "KeyRecord",
     "LimitReached",
     "LogLeaf",
+    "PayerAddressTaken",
     "ProjectRecord",
     "ReceiptRecord",
     "RecordNotFound",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
@@ -25,12 +26,40 @@ class StateConflict(StorageError):
     """The operation does not fit the record's current state (e.g. revoking a revoked key)."""
 
 
+class AmountOverflow(StateConflict):
+    """The write would take a balance or a sum past MAX_AMOUNT: nothing of it was written."""
+
+
+class PayerAddressTaken(StateConflict):
+    """Another project holds this payer address: an address belongs to at most one project
+    of the deployment, so that a transfer from it is credited to that project alone."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"payer address {address} belongs to another project")
+        self.address = address
+
+
 class LimitReached(StorageError):
     """A reservation was refused; `reason` is budget_exceeded or insufficient_balance."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# The most micro-units a balance, or any sum of them, may hold: a signed 64-bit column's
+# largest value. Past it PostgreSQL refuses the statement and SQLite silently turns the
+# sum into an inexact REAL, so a credit that would pass it is refused (AmountOverflow).
+MAX_AMOUNT = 2**63 - 1
+
+log = logging.getLogger(__name__)
+
+
+def log_migration_notes(version: int, notes: list[str]) -> None:
+    """What a migration changed in the operator's own data (a payer address it took from a
+    project, say), one warning each, at migration time: the operator must hear of it."""
+    for note in notes:
+        log.warning("storage migration %d: %s", version, note)
 
 
 class ProjectRecord(msgspec.Struct, kw_only=True):
@@ -338,7 +367,7 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def add_credit(self, project_id: str, amount: int, month: str) -> None:
-        """Append a credit entry to the project's ledger (RecordNotFound)."""
+        """Append a credit entry to the project's ledger (RecordNotFound, AmountOverflow)."""
 
     @abc.abstractmethod
     async def reserve(self, reservation: ReservationRecord) -> None:
@@ -557,7 +586,7 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def record_payment(self, payment: PaymentRecord) -> PaymentRecord:
         """Credit a payment once per (project, reference), atomically with its ledger entry
-        (RecordNotFound, StateConflict: the reference was recorded)."""
+        (RecordNotFound, StateConflict: the reference was recorded, AmountOverflow)."""
 
     @abc.abstractmethod
     async def payer_addresses(self, project_id: str) -> list[str]:
@@ -565,7 +594,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def set_payer_addresses(self, project_id: str, addresses: list[str]) -> None:
-        """Replace the project's payer addresses (RecordNotFound, StateConflict: archived)."""
+        """Replace the project's payer addresses (RecordNotFound, StateConflict: archived,
+        PayerAddressTaken: another project holds one of them)."""
 
     @abc.abstractmethod
     async def get_purchase(self, tx_hash: str) -> PurchaseRecord | None:
@@ -574,7 +604,7 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def record_purchase(self, purchase: PurchaseRecord) -> PurchaseRecord:
         """Credit an onchain purchase once per transaction, atomically with its ledger entry
-        (RecordNotFound, StateConflict: the transaction was credited)."""
+        (RecordNotFound, StateConflict: the transaction was credited, AmountOverflow)."""
 
     @abc.abstractmethod
     async def limit_figures(

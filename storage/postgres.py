@@ -64,6 +64,7 @@ import orjson
 from model_gateway.storage.base import (
     Account,
     AgentRecord,
+    AmountOverflow,
     Audit,
     InstanceRecord,
     KeyListing,
@@ -73,6 +74,7 @@ from model_gateway.storage.base import (
     LogEntry,
     LogLeaf,
     LogTile,
+    PayerAddressTaken,
     PaymentRecord,
     ProjectRecord,
     PurchaseRecord,
@@ -89,6 +91,7 @@ from model_gateway.storage.base import (
     UserRecord,
     account,
     ledger_entry,
+    log_migration_notes,
     now_s,
 )
 from model_gateway.storage.batching import LOCKSTEP_BATCH, Batcher, Outcome
@@ -101,10 +104,12 @@ Connection = Any  # asyncpg.Connection, untyped
 Row = Any  # asyncpg.Record, untyped
 
 CHANNEL = "gateway_admin"
-# pg_advisory_xact_lock keys: one migrator, one log appender, one user creator at a time.
+# pg_advisory_xact_lock keys: one migrator, one log appender, one user creator, one
+# writer of payer addresses at a time.
 _MIGRATION_LOCK = 0x6D67_7721
 _LOG_LOCK = 0x6D67_6C67
 _USERS_LOCK = 0x6D67_7573
+_PAYERS_LOCK = 0x6D67_7061
 # pg_try_advisory_lock key (session level): the transparency log's one sequencer.
 _SEQUENCER_LOCK = 0x6D67_7371
 # The server ends the sequencer's session after this long without a query (a hung
@@ -343,6 +348,8 @@ class PostgresStorage(Storage):
                 return StateConflict(f"{where}: {exc}")
             if state == "23503":  # foreign_key_violation: the record it names does not exist
                 return RecordNotFound(f"{where}: {type(exc).__name__} ({state})")
+            if state == "22003":  # numeric_value_out_of_range: a bigint sum past 2^63-1
+                return AmountOverflow(f"{where}: {type(exc).__name__} ({state})")
             if state.startswith("23"):  # unique, check, not-null: the change does not fit
                 return StateConflict(f"{where}: {type(exc).__name__} ({state})")
             return StorageError(f"{where}: {type(exc).__name__} ({state})")
@@ -418,6 +425,11 @@ class PostgresStorage(Storage):
                         " version INTEGER PRIMARY KEY,"
                         " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
                     )
+                    # What a migration changed in the operator's data, kept and logged.
+                    await conn.execute(
+                        "CREATE TABLE IF NOT EXISTS migration_notes ("
+                        " version INTEGER NOT NULL, note TEXT NOT NULL)"
+                    )
                     done = await conn.fetchval(
                         "SELECT 1 FROM schema_migrations WHERE version = $1", number
                     )
@@ -427,6 +439,11 @@ class PostgresStorage(Storage):
                     await conn.execute(
                         "INSERT INTO schema_migrations (version) VALUES ($1)", number
                     )
+                    notes = await conn.fetch(
+                        "SELECT note FROM migration_notes WHERE version = $1 ORDER BY note",
+                        number,
+                    )
+                log_migration_notes(number, [row["note"] for row in notes])
 
         await self._run(migrate)
 
@@ -1434,10 +1451,22 @@ class PostgresStorage(Storage):
                     raise RecordNotFound(f"no project {project_id}")
                 if state != "active":
                     raise StateConflict(f"project {project_id} is archived")
+                # One writer at a time, so this check sees every address registered before
+                # and refuses clearly; the unique constraint (migration 0016) is the rule.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _PAYERS_LOCK)
+                taken = await conn.fetchval(
+                    "SELECT min(address) FROM payer_addresses"
+                    " WHERE address = ANY($2::text[]) AND project_id <> $1",
+                    project_id,
+                    addresses,
+                )
+                if taken is not None:
+                    raise PayerAddressTaken(taken)
                 await conn.execute("DELETE FROM payer_addresses WHERE project_id = $1", project_id)
                 await conn.execute(
                     "INSERT INTO payer_addresses (project_id, address)"
-                    " SELECT $1, a FROM unnest($2::text[]) a ON CONFLICT DO NOTHING",
+                    " SELECT $1, a FROM unnest($2::text[]) a"
+                    " ON CONFLICT (project_id, address) DO NOTHING",  # a repeated address
                     project_id,
                     addresses,
                 )

@@ -72,6 +72,7 @@ from model_gateway.storage._batch import pack as _pack
 from model_gateway.storage.base import (
     Account,
     AgentRecord,
+    AmountOverflow,
     Audit,
     InstanceRecord,
     KeyListing,
@@ -81,6 +82,7 @@ from model_gateway.storage.base import (
     LogEntry,
     LogLeaf,
     LogTile,
+    PayerAddressTaken,
     PaymentRecord,
     ProjectRecord,
     PurchaseRecord,
@@ -97,6 +99,7 @@ from model_gateway.storage.base import (
     UserRecord,
     account,
     ledger_entry,
+    log_migration_notes,
     now_s,
 )
 from model_gateway.storage.files import (
@@ -108,10 +111,15 @@ from model_gateway.storage.files import (
 from model_gateway.storage.group_commit import GroupCommitWriter
 
 _LIMIT_REASONS = frozenset({"budget_exceeded", "insufficient_balance"})
+_OVERFLOW_REASON = "amount_overflow"  # migration 0016's trigger
 
 R = TypeVar("R")
 
 _PREFIX = "sqlite:///"
+# What a migration changed in the operator's data, kept and logged (`log_migration_notes`).
+_MIGRATION_NOTES = (
+    "CREATE TABLE IF NOT EXISTS migration_notes (version INTEGER NOT NULL, note TEXT NOT NULL)"
+)
 
 
 def _migrations() -> list[tuple[int, str]]:
@@ -381,6 +389,8 @@ class SQLiteStorage(Storage):
                     reason = str(exc)
                     if reason in _LIMIT_REASONS:
                         return LimitReached(reason)
+                    if reason == _OVERFLOW_REASON:
+                        return AmountOverflow(f"{where}: a balance would pass 2^63-1 micro-units")
                     return StateConflict(f"{where}: {reason}")
                 return StateConflict(f"{where}: {name}")
             return StorageError(f"{where}: {name}")
@@ -437,11 +447,17 @@ class SQLiteStorage(Storage):
                     version = await self._scalar(db, "PRAGMA user_version")
                     if number <= version:
                         continue
+                    await db.execute(_MIGRATION_NOTES)
                     for statement in _statements(script):
                         await db.execute(statement)
                     if await self._scalar(db, "SELECT count(*) FROM pragma_foreign_key_check"):
                         raise StorageError(f"migration {number} breaks a foreign key")
                     await db.execute(f"PRAGMA user_version = {number}")
+                    notes = await db.execute_fetchall(
+                        "SELECT note FROM migration_notes WHERE version = ? ORDER BY note",
+                        (number,),
+                    )
+                log_migration_notes(number, [row["note"] for row in notes])
         finally:
             await self._conn.execute("PRAGMA foreign_keys = ON")
 
@@ -1205,9 +1221,20 @@ class SQLiteStorage(Storage):
                 raise RecordNotFound(f"no project {project_id}")
             if row["state"] != "active":
                 raise StateConflict(f"project {project_id} is archived")
+            # Checked here for a clear refusal; the unique index (migration 0015) is the rule.
+            taken = await (
+                await db.execute(
+                    "SELECT min(address) AS address FROM payer_addresses"
+                    " WHERE address IN (SELECT value FROM json_each(?)) AND project_id <> ?",
+                    (orjson.dumps(addresses).decode(), project_id),
+                )
+            ).fetchone()
+            if taken is not None and taken["address"] is not None:
+                raise PayerAddressTaken(taken["address"])
             await db.execute("DELETE FROM payer_addresses WHERE project_id = ?", (project_id,))
             await db.executemany(
-                "INSERT OR IGNORE INTO payer_addresses (project_id, address) VALUES (?, ?)",
+                "INSERT INTO payer_addresses (project_id, address) VALUES (?, ?)"
+                " ON CONFLICT (project_id, address) DO NOTHING",  # a repeated address
                 [(project_id, address) for address in addresses],
             )
 

@@ -20,10 +20,15 @@ from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.money import format_amount
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, InvalidRequest
-from model_gateway.storage import StateConflict
+from model_gateway.storage import AmountOverflow, StateConflict
 
 _PROJECT = "/console/api/projects/{project_id}"
 GROUPS = ("day", "model", "key")
+# A credit refused because the balance would pass 2^63-1 micro-units (storage.MAX_AMOUNT).
+BALANCE_FULL = (
+    "This credit would take the project's balance past the largest amount the gateway"
+    " keeps; nothing was credited."
+)
 
 
 def _us(day: date) -> int:
@@ -109,6 +114,8 @@ def routes(console) -> list[Endpoint]:
             payment = await records.record_payment(
                 storage, found.id, amount, reference, call.user.email
             )
+        except AmountOverflow:
+            raise Conflict(BALANCE_FULL) from None
         except StateConflict:
             raise Conflict("A payment with this reference is already recorded.") from None
         view = await cli.project_view(storage, found)

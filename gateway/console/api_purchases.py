@@ -1,9 +1,10 @@
-"""Onchain purchases as the console's JSON API: POST .../purchases {tx_hash}, and
-GET .../purchases/{tx_hash} to ask again while confirmations are missing."""
+"""Onchain purchases as the console's JSON API: POST .../purchases {tx_hash} verifies a
+transaction and credits it; GET .../purchases/{tx_hash} only reports where it stands."""
 
 from __future__ import annotations
 
 from model_gateway.gateway import cli
+from model_gateway.gateway.console.api_money import BALANCE_FULL
 from model_gateway.gateway.console.guard import project_of, require_active
 from model_gateway.gateway.console.mount import SESSION, Call
 from model_gateway.gateway.console.onchain import (
@@ -19,24 +20,28 @@ from model_gateway.gateway.metering import current_month
 from model_gateway.gateway.money import format_amount
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, NotFound, ServiceUnavailable
-from model_gateway.storage import StateConflict
+from model_gateway.storage import AmountOverflow, StateConflict
 from model_gateway.storage.base import PurchaseRecord, now_s
 
 _PROJECT = "/console/api/projects/{project_id}"
 NOT_CONFIGURED = "Onchain purchases are not configured on this deployment."
+ALREADY_CREDITED = "This transaction is already credited."
 
 
-def purchase_view(purchase: PurchaseRecord) -> dict:
-    return {
+def purchase_view(purchase: PurchaseRecord, status: str = "credited") -> dict:
+    """A purchase credited, or (status "confirmed") one that a POST would credit now."""
+    view = {
         "object": "purchase",
-        "status": "credited",
+        "status": status,
         "tx_hash": purchase.tx_hash,
         "project": purchase.project_id,
         "sender": purchase.sender,
         "token_units": str(purchase.token_units),
         "amount": format_amount(purchase.amount),
-        "created_at": iso(purchase.created_at),
     }
+    if status == "credited":
+        view["created_at"] = iso(purchase.created_at)
+    return view
 
 
 def routes(console) -> list[Endpoint]:
@@ -44,12 +49,11 @@ def routes(console) -> list[Endpoint]:
     settings = console.config.purchases
     chain = ChainReader(settings) if settings is not None else None
 
-    async def credit(project, tx_hash: str, status: int):
-        """Verify the transaction and credit it once; 202 while it lacks confirmations."""
+    async def confirmed(project, tx_hash: str):
+        """The purchase the confirmed transfer makes for the project (not yet stored), or
+        the 202 answer while it lacks confirmations."""
         if chain is None:
             raise ServiceUnavailable(NOT_CONFIGURED)
-        if await storage.get_purchase(tx_hash) is not None:
-            raise Conflict("This transaction is already credited.")
         try:
             transfer = await chain.transfer(tx_hash, await storage.payer_addresses(project.id))
         except AwaitingConfirmations as pending:
@@ -61,7 +65,7 @@ def routes(console) -> list[Endpoint]:
                 "confirmations_needed": pending.needed,
             }
             return json_response(body, status=202, headers={"retry-after": str(RETRY_S)})
-        record = PurchaseRecord(
+        return PurchaseRecord(
             tx_hash=tx_hash,
             project_id=project.id,
             sender=transfer.sender,
@@ -70,12 +74,6 @@ def routes(console) -> list[Endpoint]:
             month=current_month(),
             created_at=now_s(),
         )
-        try:
-            await storage.record_purchase(record)
-        except StateConflict:
-            raise Conflict("This transaction is already credited.") from None
-        view = await cli.project_view(storage, project)
-        return json_response({**purchase_view(record), "balance": view["balance"]}, status=status)
 
     async def post(call: Call):
         project = await project_of(storage, call)
@@ -83,9 +81,22 @@ def routes(console) -> list[Endpoint]:
         tx_hash = tx_hash_of(fields.string("tx_hash", required=True, max_length=80))
         fields.unknown()
         require_active(project)
-        return await credit(project, tx_hash, 201)
+        if await storage.get_purchase(tx_hash) is not None:
+            raise Conflict(ALREADY_CREDITED)
+        record = await confirmed(project, tx_hash)
+        if not isinstance(record, PurchaseRecord):
+            return record  # pending
+        try:
+            await storage.record_purchase(record)
+        except AmountOverflow:
+            raise Conflict(BALANCE_FULL) from None
+        except StateConflict:
+            raise Conflict(ALREADY_CREDITED) from None
+        view = await cli.project_view(storage, project)
+        return json_response({**purchase_view(record), "balance": view["balance"]}, status=201)
 
     async def get(call: Call):
+        # Reads only: a GET skips the Origin check, so it must never credit anything.
         project = await project_of(storage, call)
         tx_hash = tx_hash_of(call.params["tx_hash"])
         found = await storage.get_purchase(tx_hash)
@@ -93,8 +104,10 @@ def routes(console) -> list[Endpoint]:
             if found.project_id != project.id:
                 raise NotFound("No purchase with this transaction in this project.")
             return json_response(purchase_view(found))
-        require_active(project)
-        return await credit(project, tx_hash, 200)
+        record = await confirmed(project, tx_hash)
+        if not isinstance(record, PurchaseRecord):
+            return record  # pending
+        return json_response(purchase_view(record, "confirmed"))
 
     return [
         Endpoint("POST", _PROJECT + "/purchases", SESSION, post),

@@ -3,7 +3,9 @@ treasury from one of the project's payer addresses, and what is it worth?
 
 Read over JSON-RPC (`eth_getTransactionReceipt`, `eth_blockNumber`) from the node in
 `[purchases] rpc_url`. Money stays exact: token units are integers, `usd_per_token` a
-decimal, the credit rounded down to micro-units.
+decimal, the credit rounded down to micro-units. The node is not trusted to be well-formed:
+any answer of the wrong shape (a JSON number where hex is due, a negative, a credit past
+64 bits) is a 503 with nothing credited, never a crash or another refusal's message.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import orjson
 
 from model_gateway.gateway.config import PurchasesConfig
 from model_gateway.pipeline.errors import Forbidden, InvalidRequest, ServiceUnavailable
+from model_gateway.storage.base import MAX_AMOUNT
 
 # keccak256("Transfer(address,address,uint256)"): the topic of every ERC-20 transfer log.
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 TX_HASH = re.compile(r"0x[0-9a-f]{64}")
 ADDRESS = re.compile(r"0x[0-9a-f]{40}")
+# JSON-RPC's QUANTITY and DATA as hex strings. Python's int(x, 16) alone would also take a
+# sign, "_" and spaces, and a JSON number would fail it with TypeError.
+HEX_NUMBER = re.compile(r"0x[0-9a-fA-F]+")
 RETRY_S = 15  # a pending purchase: ask again after this
 
 
@@ -55,6 +61,17 @@ def address_of(text, param: str) -> str:
     return value
 
 
+def _malformed() -> ServiceUnavailable:
+    return ServiceUnavailable("The chain node gave a malformed answer.", retry_after=RETRY_S)
+
+
+def hex_number(value: object) -> int:
+    """A node's hex-encoded number ("0x1a"), never negative; anything else is malformed."""
+    if not isinstance(value, str) or not HEX_NUMBER.fullmatch(value):
+        raise _malformed()
+    return int(value, 16)
+
+
 def _topic_address(topic: str) -> str:
     return "0x" + topic[-40:].lower()
 
@@ -85,11 +102,17 @@ def transfer_of(receipt: dict, head: int, payers: list[str], config: PurchasesCo
     senders = {_topic_address(log["topics"][1]) for log in transfers}
     if not senders <= set(payers):
         raise Forbidden("The transfer was sent from an address this project has not registered.")
-    confirmations = head - int(receipt["blockNumber"], 16) + 1
+    confirmations = head - hex_number(receipt["blockNumber"]) + 1
     if confirmations < config.confirmations:
         raise AwaitingConfirmations(max(confirmations, 0), config.confirmations)
-    units = sum(int(log["data"], 16) for log in transfers)
-    return Transfer(sender=min(senders), token_units=units, amount=credit_of(units, config))
+    units = sum(hex_number(log["data"]) for log in transfers)
+    amount = credit_of(units, config)
+    if amount > MAX_AMOUNT:  # a uint256 may hold it; no balance of ours can
+        raise ServiceUnavailable(
+            "The transfer's value is past the largest amount the gateway can credit;"
+            " nothing was credited."
+        )
+    return Transfer(sender=min(senders), token_units=units, amount=amount)
 
 
 class ChainReader:
@@ -105,7 +128,12 @@ class ChainReader:
             data=orjson.dumps(body),
             headers={"content-type": "application/json"},
         ) as response:
-            answer = orjson.loads(await response.read())
+            try:
+                answer = orjson.loads(await response.read())
+            except orjson.JSONDecodeError:
+                raise _malformed() from None
+        if not isinstance(answer, dict):
+            raise _malformed()
         if "error" in answer or "result" not in answer:
             raise ServiceUnavailable("The chain node refused the query.", retry_after=RETRY_S)
         return answer["result"]
@@ -114,7 +142,7 @@ class ChainReader:
         timeout = aiohttp.ClientTimeout(total=self.config.rpc_timeout_s)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                chain = int(await self._call(session, "eth_chainId", []), 16)
+                chain = hex_number(await self._call(session, "eth_chainId", []))
                 if chain != self.config.chain_id:
                     raise ServiceUnavailable(
                         "The chain node serves another chain.", retry_after=RETRY_S
@@ -122,14 +150,12 @@ class ChainReader:
                 receipt = await self._call(session, "eth_getTransactionReceipt", [tx_hash])
                 if receipt is None:
                     raise AwaitingConfirmations(0, self.config.confirmations)  # not mined yet
-                head = int(await self._call(session, "eth_blockNumber", []), 16)
-        except (TimeoutError, aiohttp.ClientError, ValueError):  # ValueError: bad JSON or hex
+                head = hex_number(await self._call(session, "eth_blockNumber", []))
+        except (TimeoutError, aiohttp.ClientError):
             raise ServiceUnavailable(
                 "The chain node cannot be reached; try again shortly.", retry_after=RETRY_S
             ) from None
         try:
             return transfer_of(receipt, head, payers, self.config)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise ServiceUnavailable(
-                "The chain node gave a malformed answer.", retry_after=RETRY_S
-            ) from None
+        except (KeyError, TypeError, ValueError, AttributeError):  # a receipt of another shape
+            raise _malformed() from None

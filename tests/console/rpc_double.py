@@ -1,5 +1,6 @@
 """A local Ethereum JSON-RPC double: real-shaped transaction receipts and ERC-20 Transfer
-logs, served over HTTP from a thread of the test process. Never a real chain."""
+logs, served over HTTP from a thread of the test process. Never a real chain. A test may
+make it hostile: `Chain.hostile` answers a method with any JSON body instead."""
 
 from __future__ import annotations
 
@@ -25,11 +26,22 @@ class Chain:
         self.head = 1000
         self.receipts: dict[str, dict] = {}
         self.calls: list[str] = []
+        # method -> the whole answer to send instead of the real one (any JSON value but null)
+        self.hostile: dict[str, object] = {}
 
     def transfer(
-        self, token: str, sender: str, to: str, units: int, *, block: int, status: str = "0x1"
+        self,
+        token: str,
+        sender: str,
+        to: str,
+        units: int,
+        *,
+        block: int,
+        status: str = "0x1",
+        data: str | None = None,
     ) -> str:
-        """Mine a transaction holding one Transfer log; returns its hash."""
+        """Mine a transaction holding one Transfer log of `units` (or of the raw `data` a
+        hostile node would put there); returns its hash."""
         tx_hash = "0x" + secrets.token_hex(32)
         self.receipts[tx_hash] = {
             "transactionHash": tx_hash,
@@ -43,7 +55,7 @@ class Chain:
                 {
                     "address": token,
                     "topics": [TRANSFER_TOPIC, _topic(sender), _topic(to)],
-                    "data": "0x" + f"{units:064x}",
+                    "data": data if data is not None else "0x" + f"{units:064x}",
                     "blockNumber": hex(block),
                     "transactionHash": tx_hash,
                     "logIndex": "0x0",
@@ -72,18 +84,9 @@ class RpcDouble:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                try:
-                    body = {
-                        "jsonrpc": "2.0",
-                        "id": request["id"],
-                        "result": double.chain.answer(request["method"], request["params"]),
-                    }
-                except KeyError:
-                    body = {
-                        "jsonrpc": "2.0",
-                        "id": request["id"],
-                        "error": {"code": -32601, "message": "method not found"},
-                    }
+                body = double.chain.hostile.get(request["method"])
+                if body is None:
+                    body = double.answer(request)
                 data = json.dumps(body).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -97,6 +100,14 @@ class RpcDouble:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, request: dict) -> dict:
+        try:
+            result = self.chain.answer(request["method"], request["params"])
+        except KeyError:
+            error = {"code": -32601, "message": "method not found"}
+            return {"jsonrpc": "2.0", "id": request["id"], "error": error}
+        return {"jsonrpc": "2.0", "id": request["id"], "result": result}
 
     def __enter__(self) -> RpcDouble:
         self.thread.start()

@@ -1,5 +1,6 @@
 """Onchain purchases against a local JSON-RPC double, through a real gateway: verified
-transfers credited once, pending while confirmations are missing, and every refusal."""
+transfers credited once, pending while confirmations are missing, and every refusal, a
+hostile node's malformed answers among them."""
 
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def test_pending_until_enough_confirmations(chain, buyer):
     assert pending.json()["status"] == "pending" and pending.json()["confirmations"] == 1
     assert client.get(f"/console/api/projects/{project}").json()["balance"] == "0.000000"
     chain.head += 2
-    done = client.get(f"/console/api/projects/{project}/purchases/{tx}")
-    assert done.status_code == 200 and done.json()["amount"] == "2.000000"
+    done = _buy(client, project, tx)
+    assert done.status_code == 201 and done.json()["amount"] == "2.000000"
     assert _buy(client, project, tx).status_code == 409
     unmined = _buy(client, project, "0x" + "ab" * 32)
     assert unmined.status_code == 202 and unmined.json()["confirmations"] == 0
@@ -131,6 +132,92 @@ def test_nobody_claims_another_projects_payment(chain, gateway, buyer):
     assert _buy(client, thief, tx).status_code == 409
     other = client.get(f"/console/api/projects/{thief}/purchases/{tx}")
     assert other.status_code == 404
+
+
+def test_a_get_reports_a_purchase_and_never_credits_it(chain, buyer):
+    """GET skips the Origin check, so it must not change anything: it says a confirmed
+    transfer is there to be credited, and only a POST credits it."""
+    client, project, payer = buyer
+    tx = chain.transfer(TOKEN, payer, TREASURY, 3_000_000, block=chain.head - 5)
+    shown = client.get(f"/console/api/projects/{project}/purchases/{tx}")
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["status"] == "confirmed" and shown.json()["amount"] == "3.000000"
+    assert client.get(f"/console/api/projects/{project}").json()["balance"] == "0.000000"
+    assert client.get(f"/console/api/projects/{project}/ledger").json()["data"] == []
+    assert _buy(client, project, tx).status_code == 201
+    credited = client.get(f"/console/api/projects/{project}/purchases/{tx}")
+    assert credited.json()["status"] == "credited"
+    assert client.get(f"/console/api/projects/{project}").json()["balance"] == "3.000000"
+
+
+def test_an_address_belongs_to_one_project(chain, buyer):
+    """Another project registering a held payer address is refused, so it cannot claim
+    the holder's transfers; once the holder lets the address go, it may take it."""
+    client, victim, payer = buyer
+    thief = client.post("/console/api/projects", {"name": "thief"}).json()["id"]
+    mine = address()
+    assert client.patch(f"/console/api/projects/{thief}", {"payer_addresses": [mine]}).is_success
+    taken = client.patch(f"/console/api/projects/{thief}", {"payer_addresses": [mine, payer]})
+    assert taken.status_code == 409 and error_type(taken) == "conflict", taken.text
+    assert client.get(f"/console/api/projects/{thief}").json()["payer_addresses"] == [mine]
+    tx = chain.transfer(TOKEN, payer, TREASURY, 1_000_000, block=chain.head - 10)
+    assert _buy(client, thief, tx).status_code == 403
+    # The holder saving its own list again is no conflict.
+    kept = client.patch(f"/console/api/projects/{victim}", {"payer_addresses": [payer]})
+    assert kept.status_code == 200
+    assert _buy(client, victim, tx).status_code == 201
+    assert client.get(f"/console/api/projects/{thief}").json()["balance"] == "0.000000"
+    client.patch(f"/console/api/projects/{victim}", {"payer_addresses": []})
+    moved = client.patch(f"/console/api/projects/{thief}", {"payer_addresses": [payer]})
+    assert moved.status_code == 200 and moved.json()["payer_addresses"] == [payer]
+
+
+def _answer(result) -> dict:
+    return {"jsonrpc": "2.0", "id": 1, "result": result}
+
+
+@pytest.fixture
+def hostile(chain):
+    """The chain's hostile answers, cleared after the test."""
+    yield chain.hostile
+    chain.hostile.clear()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "chain id as a JSON number",
+        "block number as a JSON number",
+        "a negative block number",
+        "an answer that is not an object",
+        "a negative transfer value",
+        "a transfer past 64-bit micro-units",
+    ],
+)
+def test_a_malformed_node_answer_is_503_and_credits_nothing(chain, buyer, hostile, case):
+    client, project, payer = buyer
+    units, data = 4_000_000, None
+    if case == "chain id as a JSON number":
+        hostile["eth_chainId"] = _answer(chain.chain_id)
+    elif case == "block number as a JSON number":
+        hostile["eth_blockNumber"] = _answer(chain.head)
+    elif case == "a negative block number":
+        hostile["eth_blockNumber"] = _answer("-0x5")
+    elif case == "an answer that is not an object":
+        hostile["eth_chainId"] = 5
+    elif case == "a negative transfer value":
+        data = "-0x5"
+    else:
+        units = 2**63  # micro-units at 6 decimals and 1 USD per token
+    tx = chain.transfer(TOKEN, payer, TREASURY, units, block=chain.head - 10, data=data)
+    refused = _buy(client, project, tx)
+    assert refused.status_code == 503, refused.text
+    assert error_type(refused) == "service_unavailable"
+    assert "already" not in refused.json()["error"]["message"]  # never another refusal's
+    shown = client.get(f"/console/api/projects/{project}/purchases/{tx}")
+    assert shown.status_code == 503
+    assert client.get(f"/console/api/projects/{project}").json()["balance"] == "0.000000"
+    assert client.get(f"/console/api/projects/{project}/ledger").json()["data"] == []
 
 
 def test_bad_input_and_archived_projects(chain, buyer):
