@@ -6,6 +6,21 @@ from model_gateway.gateway.money import cost_of_tokens
 from model_gateway.pipeline.context import RequestContext
 from model_gateway.pipeline.errors import ServiceUnavailable
 
+# The tolerance of the gateway's count (bytes / 4) against an upstream's own tokenizer.
+_TOLERANCE_NUM, _TOLERANCE_DEN, _TOLERANCE_EXTRA = 5, 4, 16
+
+
+def output_limit(requested: int | None, model_max: int) -> int:
+    """The request's output limit: its own, clamped to the model's (never refused for
+    being larger), or the model's when absent."""
+    return min(requested or model_max, model_max)
+
+
+def held_output_tokens(requested: int | None, model_max: int) -> int:
+    """The output tokens a request's hold covers."""
+    limit = output_limit(requested, model_max)
+    return -(-limit * _TOLERANCE_NUM // _TOLERANCE_DEN) + _TOLERANCE_EXTRA
+
 
 class InferencePricing:
     kind = "inference"
@@ -22,8 +37,7 @@ class InferencePricing:
             raise ServiceUnavailable("The model has no price configured on this deployment.")
         # A token spans at least one byte, so the body's size bounds the prompt's tokens.
         input_tokens = len(ctx.body)
-        limit = ctx.payload.output_limit
-        output_tokens = min(limit or model.max_output_tokens, model.max_output_tokens)
+        output_tokens = held_output_tokens(ctx.payload.output_limit, model.max_output_tokens)
         return cost_of_tokens(input_tokens, model.input_price_per_mtok) + cost_of_tokens(
             output_tokens, model.output_price_per_mtok
         )

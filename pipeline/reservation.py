@@ -2,7 +2,8 @@
 
 Reads: `ctx.endpoint.pricing`, `ctx.project`, `ctx.key`. Writes: `ctx.hold`,
 `ctx.receipt_id` (allocated now, so `x-receipt-id` can go out with a stream's first
-byte), and the `x-receipt-id` header on successful responses. Rejects: 402
+byte), and the `x-receipt-id` header on successful responses and on errors that were
+billed (an upstream's answer past the held output: its input). Rejects: 402
 budget_exceeded (key's monthly limit or project's monthly budget), 402
 insufficient_balance (balance minus open reservations), 503 service_unavailable (a model
 without a price). Whatever happens inside (error, disconnect, cancellation, a settlement
@@ -56,7 +57,9 @@ class Reservation:
         receipt_header = (b"x-receipt-id", ctx.receipt_id.encode())
 
         async def send_with_receipt_id(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400:
+            if message["type"] == "http.response.start" and (
+                message["status"] < 400 or ctx.billing is not None
+            ):
                 message["headers"] = [*message.get("headers", ()), receipt_header]
             await send(message)
 

@@ -26,6 +26,7 @@ import orjson
 from starlette.responses import Response
 
 from model_gateway.gateway.config import ModelConfig
+from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.renderers import (
     ChatRenderer,
@@ -45,16 +46,17 @@ from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
     Text,
-    billing,
+    billed_usage,
     cancelled,
     reported,
     shown_usage,
 )
 from model_gateway.gateway.inference.wait_bound import WaitBound
-from model_gateway.gateway.pricing import InferencePricing
+from model_gateway.gateway.pricing import InferencePricing, held_output_tokens, output_limit
 from model_gateway.gateway.providers import Provider, Providers, ResponsesUnsupported
 from model_gateway.gateway.providers.upstream import Acceptance
 from model_gateway.gateway.routing.attempts import attempt_chain, stream_ended
+from model_gateway.pipeline.context import Billing
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import JSON_CONTENT_TYPE, ProviderTimeout
 from model_gateway.pipeline.validation import decoder
@@ -91,9 +93,7 @@ def upstream_responses(
 ) -> dict:
     body = {k: v for k, v in request.items() if k != "stream"}
     body["model"] = upstream or model.upstream or model_id
-    body["max_output_tokens"] = min(
-        body.get("max_output_tokens") or model.max_output_tokens, model.max_output_tokens
-    )
+    body["max_output_tokens"] = output_limit(body.get("max_output_tokens"), model.max_output_tokens)
     return body
 
 
@@ -106,10 +106,24 @@ def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: Text)
     return counts
 
 
+def _held_output(ctx: RequestContext) -> int:
+    return held_output_tokens(ctx.payload.output_limit, ctx.model.max_output_tokens)
+
+
+def _delivered(ctx: RequestContext) -> Delivered:
+    """A stream's count of delivered output, stopped at what the hold covers."""
+    return Delivered(_held_output(ctx))
+
+
 def _respond(ctx: RequestContext, payload: dict, counts: dict, prompt: str, output: Text):
-    """A whole answer, billed by the reported `counts` as `usage.billing` checks them."""
+    """A whole answer, billed by the reported `counts` as `usage.billing` checks them;
+    one past the held output is the upstream's failure, billed its input only."""
+    usage, source = billed_usage(counts, prompt, output)
+    if usage["output_tokens"] > _held_output(ctx):
+        ctx.billing = Billing("failed", {**usage, "output_tokens": 0}, None, source)
+        raise past_the_limit()
     raw = orjson.dumps(payload)
-    ctx.billing = billing("succeeded", counts, prompt, output, hashlib.sha256(raw).hexdigest())
+    ctx.billing = Billing("succeeded", usage, hashlib.sha256(raw).hexdigest(), source)
     return Response(raw, media_type=_JSON)
 
 
@@ -182,10 +196,10 @@ class InferenceHandlers:
             renderer: Renderer
             if provider.chat_pass_through:
                 events = provider.chat_events(body, acceptance)
-                renderer = ChatPassThrough(ctx.model_id, include_usage, prompt)
+                renderer = ChatPassThrough(ctx.model_id, include_usage, prompt, _delivered(ctx))
             else:
                 events = provider.chat_stream(body, acceptance)
-                renderer = ChatRenderer(ctx.model_id, include_usage, prompt)
+                renderer = ChatRenderer(ctx.model_id, include_usage, prompt, _delivered(ctx))
             upstream = self._upstream(ctx, provider, events, acceptance)
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
@@ -226,7 +240,7 @@ class InferenceHandlers:
         if ctx.payload.stream:
             events = provider.responses_stream(body, acceptance)
             upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = NativeResponsesRenderer(ctx.model_id, prompt)
+            renderer = NativeResponsesRenderer(ctx.model_id, prompt, _delivered(ctx))
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.responses(body, acceptance)
         result = await self._call(ctx, provider, call, acceptance, prompt)
@@ -245,7 +259,7 @@ class InferenceHandlers:
         if stream:
             events = provider.chat_stream(body, acceptance)
             upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = TranslatedResponsesRenderer(request, prompt)
+            renderer = TranslatedResponsesRenderer(request, prompt, _delivered(ctx))
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)

@@ -10,8 +10,9 @@ the client does not get it or gets the gateway's counts) is decoded and rendered
 `ChatRenderer` renders it. A key `"model":` or `"usage":` can only be a key in JSON text
 (inside a string its quotes are escaped), so a count of one finds the field itself.
 
-The delivered text is kept as each event's JSON and decoded only when it is needed: usage
-that never came or that is broken, a cancel, a failure.
+Of the delivered output only its size is kept (`_size`, read off the decoded event: no
+second parse), for the receipt and for the output limit: an event that would cross what
+the hold covers is decoded and rendered cut short (ChatStream.render), and the stream ends.
 """
 
 from __future__ import annotations
@@ -19,18 +20,46 @@ from __future__ import annotations
 import msgspec
 import orjson
 
-from model_gateway.gateway.inference.renderers import ChatStream
+from model_gateway.gateway.inference.output_limit import Delivered, utf8_size
+from model_gateway.gateway.inference.renderers import ChatStream, chat_tokens
 from model_gateway.gateway.inference.sse import BLANK_LINE
+from model_gateway.gateway.inference.tokens import text_of
 from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
 from model_gateway.gateway.providers.chat_events import ChatEvent
+from model_gateway.gateway.providers.shapes import ChatChunk
 from model_gateway.gateway.providers.sse_blocks import parse_checked
 
 _NULL_USAGE = b',"usage":null'
 
 
+def _size(chunk: ChatChunk) -> int:
+    """The UTF-8 size of the output a decoded chunk carries: what `tokens.message_output`
+    counts of a decoded one (text, refusal, reasoning, tool calls' names and arguments)."""
+    size = 0
+    for choice in chunk.choices or ():
+        delta = choice.delta
+        if delta is None:
+            continue
+        content = delta.content
+        if isinstance(content, str):
+            size += utf8_size(content)
+        else:
+            for part in content or ():
+                size += utf8_size(part.text or "") + utf8_size(text_of(part.refusal))
+        size += utf8_size(text_of(delta.refusal))
+        size += utf8_size(text_of(delta.reasoning_content or delta.reasoning))
+        for call in delta.tool_calls or ():
+            function = call.function
+            if function is not None:
+                size += utf8_size(function.name or "") + utf8_size(function.arguments or "")
+    return size
+
+
 class ChatPassThrough(ChatStream):
-    def __init__(self, model_id: str, include_usage: bool, prompt: str) -> None:
-        super().__init__(model_id, include_usage, prompt)
+    def __init__(
+        self, model_id: str, include_usage: bool, prompt: str, delivered: Delivered
+    ) -> None:
+        super().__init__(model_id, include_usage, prompt, delivered)
         self._ours = b'"model":' + orjson.dumps(model_id)
         self._upstream_name: str | None = None
         self._theirs = b""  # `"model":"<upstream name>"`
@@ -39,11 +68,12 @@ class ChatPassThrough(ChatStream):
         out: list[bytes] = []
         for event in batch:
             block = self._passed(event)
-            if block is None:
-                out.append(self.render(parse_checked(event.data)))  # as checked
-            else:
-                self._output.append(event.data)
+            if block is not None and self.delivered.take(_size(event.chunk)):
                 out += (block, BLANK_LINE)
+                continue
+            out.append(self.render(parse_checked(event.data)))  # as checked
+            if self.delivered.cut:
+                break  # nothing past the held output: the stream ends (streaming._body)
         return b"".join(out)
 
     def _passed(self, event: ChatEvent) -> bytes | None:
@@ -55,7 +85,9 @@ class ChatPassThrough(ChatStream):
             return None  # the client gets nothing of it; usage it carries is billed
         usage = chunk.usage
         if usage:  # the usage chunk: passed only to who asked, and when shown as it came
-            shown = shown_usage(usage, self.prompt, self.output_text, CHAT_KEYS)
+            if not self.delivered.covers(chat_tokens(usage).get("output_tokens")):
+                return None  # rendered: refused there
+            shown = shown_usage(usage, self.prompt, self.delivered.size, CHAT_KEYS)
             if not self.include_usage or shown is not usage:
                 return None
             self._usage = usage

@@ -1,17 +1,26 @@
 """What a client-facing stream looks like, one renderer per kind (see streaming.Renderer).
 
-Each renderer also keeps what metering needs: the text delivered so far and the usage
-the upstream reported, as {"input_tokens", "output_tokens"} (as reported: `usage`
-checks the counts when it bills them).
+Each renderer also keeps what metering needs, and only that: the size of the output
+delivered so far (`delivered`, which also stops the output at what the hold covers:
+gateway.inference.output_limit) and the usage the upstream reported, as
+{"input_tokens", "output_tokens"} (as reported: `usage` checks the counts when it bills
+them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from model_gateway.gateway.inference.output_limit import (
+    Delivered,
+    delivered_chunk,
+    past_the_limit,
+    prefix_within,
+    utf8_size,
+)
 from model_gateway.gateway.inference.responses_stream import ResponsesEvents
 from model_gateway.gateway.inference.sse import BLANK_LINE, DONE, data_event, named_event
-from model_gateway.gateway.inference.tokens import message_output, response_text, text_of
+from model_gateway.gateway.inference.tokens import text_of
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
@@ -33,13 +42,6 @@ def responses_tokens(usage: Any) -> dict[str, Any]:
     return reported(usage, RESPONSES_KEYS)
 
 
-def chunk_output(chunk: dict) -> str:
-    """The model output a chat chunk carries (see `tokens.message_output`)."""
-    return "".join(
-        message_output(choice.get("delta") or {}) for choice in chunk.get("choices") or ()
-    )
-
-
 def responses_error_event(error: GatewayError, request_id: str, sequence: int) -> bytes:
     """OpenAI's `error` event, carrying the gateway's error object too."""
     payload = {
@@ -56,13 +58,13 @@ def responses_error_event(error: GatewayError, request_id: str, sequence: int) -
 class ChatStream:
     """What every client-facing chat stream shares: `data:` events, then `data: [DONE]`."""
 
-    def __init__(self, model_id: str, include_usage: bool, prompt: str) -> None:
+    def __init__(
+        self, model_id: str, include_usage: bool, prompt: str, delivered: Delivered
+    ) -> None:
         self.model_id = model_id
         self.include_usage = include_usage
         self.prompt = prompt
-        # The output of each chunk sent: its text, or (passed through) its JSON, decoded
-        # only when the text is needed.
-        self._output: list[str | bytes] = []
+        self.delivered = delivered
         self._usage: Any = None
 
     def start(self) -> bytes:
@@ -71,15 +73,18 @@ class ChatStream:
     def render(self, chunk: dict) -> bytes:
         """A decoded chunk as the client gets it (b"" when it gets nothing of it)."""
         usage = chunk.get("usage")
-        if usage:
+        if usage and not self.delivered.covers(chat_tokens(usage).get("output_tokens")):
+            self.delivered.cut_short(0)  # usage past the hold: not what the client is shown
+            return b""
+        chunk = delivered_chunk(self.delivered, chunk)
+        if usage and not self.delivered.cut:
             # The usage chunk comes after the output: the gateway's count is final here.
             self._usage = usage
-            chunk["usage"] = shown_usage(usage, self.prompt, self.output_text, CHAT_KEYS)
-        if not self.include_usage:
+            chunk["usage"] = shown_usage(usage, self.prompt, self.delivered.size, CHAT_KEYS)
+        if not self.include_usage or self.delivered.cut:
             chunk.pop("usage", None)  # as OpenAI: usage only for who asked for it
             if not chunk.get("choices"):
                 return b""
-        self._output.append(chunk_output(chunk))
         chunk["model"] = self.model_id
         return data_event(chunk)
 
@@ -88,14 +93,6 @@ class ChatStream:
 
     def error(self, error: GatewayError, request_id: str) -> bytes:
         return data_event(error.body(request_id))
-
-    def output_text(self) -> str:
-        # Parsed as checked: a value another parser refuses (a number out of a float's
-        # range) cannot fail metering after the output went out.
-        return "".join(
-            part if isinstance(part, str) else chunk_output(parse_checked(part))
-            for part in self._output
-        )
 
     def usage(self) -> dict[str, Any]:
         return chat_tokens(self._usage)
@@ -111,9 +108,10 @@ class ChatRenderer(ChatStream):
 class TranslatedResponsesRenderer:
     """Chat chunks translated into Responses events."""
 
-    def __init__(self, request: dict, prompt: str) -> None:
+    def __init__(self, request: dict, prompt: str, delivered: Delivered) -> None:
         self.events = ResponsesEvents(request)
         self.prompt = prompt
+        self.delivered = delivered
         self._usage: Any = None  # as the upstream reported it
 
     @staticmethod
@@ -124,21 +122,21 @@ class TranslatedResponsesRenderer:
         return self._write(self.events.start())
 
     def feed(self, chunk: dict) -> bytes:
+        # What the translation delivers: chat reasoning has no item (neither sent nor counted).
+        chunk = delivered_chunk(self.delivered, chunk, reasoning=False)
         return self._write(self.events.feed(chunk))
 
     def finish(self) -> bytes:
         events = self.events
+        if not self.delivered.covers(chat_tokens(events.usage).get("output_tokens")):
+            self.delivered.cut_short(0)
+            raise past_the_limit()
         self._usage = events.usage
-        events.usage = shown_usage(events.usage, self.prompt, self.output_text, CHAT_KEYS)
+        events.usage = shown_usage(events.usage, self.prompt, self.delivered.size, CHAT_KEYS)
         return self._write(events.finish())
 
     def error(self, error: GatewayError, request_id: str) -> bytes:
         return responses_error_event(error, request_id, self.events.sequence)
-
-    def output_text(self) -> str:
-        """What the translation delivered: the items it built (a chat refusal or reasoning
-        it has no item for is not delivered, so not counted)."""
-        return response_text({"output": self.events.output})
 
     def usage(self) -> dict[str, Any]:
         return chat_tokens(self._usage if self._usage is not None else self.events.usage)
@@ -156,10 +154,10 @@ _DELTAS = {  # every delta of output the client is sent
 class NativeResponsesRenderer:
     """A native Responses stream passed through, with the gateway's model id."""
 
-    def __init__(self, model_id: str, prompt: str) -> None:
+    def __init__(self, model_id: str, prompt: str, delivered: Delivered) -> None:
         self.model_id = model_id
         self.prompt = prompt
-        self._output: list[str] = []
+        self.delivered = delivered
         self._usage: Any = None
         self._sequence = 0
 
@@ -170,13 +168,24 @@ class NativeResponsesRenderer:
         out: list[bytes] = []
         for name, data, block, event in batch:
             self._sequence = (event.sequence_number or self._sequence) + 1
-            if name in _DELTAS:
-                self._output.append(text_of(event.delta))
+            if name in _DELTAS and not self.delivered.take(utf8_size(text_of(event.delta))):
+                out.append(self._cut(name, parse_checked(data)))
+                break
             if block is not None and event.response is None:
                 out += (block, BLANK_LINE)  # as it came: nothing in it is the gateway's
-            else:
-                out.append(self._rendered(name, parse_checked(data)))
+                continue
+            rendered = self._rendered(name, parse_checked(data))
+            if self.delivered.cut:
+                break
+            out.append(rendered)
         return b"".join(out)
+
+    def _cut(self, name: str, payload: dict) -> bytes:
+        """The delta that crosses the held output, cut short (see output_limit)."""
+        kept, _ = prefix_within(text_of(payload.get("delta")), self.delivered.room)
+        self.delivered.cut_short(utf8_size(kept))
+        payload["delta"] = kept
+        return named_event(name, payload)
 
     def _rendered(self, name: str, payload: dict) -> bytes:
         """An event with the response object: the gateway's model id, and the usage shown."""
@@ -184,9 +193,13 @@ class NativeResponsesRenderer:
         if isinstance(response, dict):
             response["model"] = self.model_id
             if name in RESPONSE_ENDS and "usage" in response:  # the last event: the output is whole
-                self._usage = usage = response["usage"]
+                usage = response["usage"]
+                if not self.delivered.covers(responses_tokens(usage).get("output_tokens")):
+                    self.delivered.cut_short(0)  # not relayed: usage past the hold
+                    return b""
+                self._usage = usage
                 response["usage"] = shown_usage(
-                    usage, self.prompt, self.output_text(), RESPONSES_KEYS
+                    usage, self.prompt, self.delivered.size, RESPONSES_KEYS
                 )
         return named_event(name, payload)
 
@@ -195,9 +208,6 @@ class NativeResponsesRenderer:
 
     def error(self, error: GatewayError, request_id: str) -> bytes:
         return responses_error_event(error, request_id, self._sequence)
-
-    def output_text(self) -> str:
-        return "".join(self._output)
 
     def usage(self) -> dict[str, Any]:
         return responses_tokens(self._usage)

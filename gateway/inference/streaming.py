@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import anyio
 from starlette.responses import StreamingResponse
 
+from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
 from model_gateway.gateway.inference.usage import billing, cancelled
 from model_gateway.gateway.inference.wait_bound import WaitBound
 from model_gateway.gateway.providers.upstream import Acceptance
@@ -104,8 +105,10 @@ class Renderer(Protocol):
     def feed(self, event: Any) -> bytes: ...
     def finish(self) -> bytes: ...
     def error(self, error: GatewayError, request_id: str) -> bytes: ...
-    def output_text(self) -> str: ...
     def usage(self) -> dict[str, Any]: ...
+
+    @property
+    def delivered(self) -> Delivered: ...
 
 
 class FinalChunk(bytes):
@@ -177,6 +180,8 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
                     digest.update(chunk)
                     yield chunk
                 chunk = b""
+                if renderer.delivered.cut:
+                    raise past_the_limit()  # the event that crossed it went out cut short
                 event = await upstream.next()
             chunk = renderer.finish()
             outcome = "succeeded"
@@ -201,11 +206,14 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
 
 
 def _meter(ctx, renderer: Renderer, prompt: str, digest, outcome: Outcome) -> None:
-    if outcome == "failed" and not renderer.output_text():
+    delivered = renderer.delivered
+    if outcome == "failed" and not delivered.size:
         return  # an upstream failure before any output: the hold is released in full
     # failed: output reached the client before the failure, and is billed;
     # cancelled: the client left, and owes the prompt and what it was sent. Usage that
-    # the upstream reports comes after its output, so it is used whenever it came (and
-    # then the delivered text is not even looked at).
+    # the upstream reports comes after its output, so it is used whenever it came; but
+    # never an output count past the hold: a cut stream bills what it delivered.
     counts = renderer.usage()
-    ctx.billing = billing(outcome, counts, prompt, renderer.output_text, digest.hexdigest())
+    if delivered.cut:
+        counts["output_tokens"] = None
+    ctx.billing = billing(outcome, counts, prompt, delivered.size, digest.hexdigest())

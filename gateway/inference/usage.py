@@ -25,12 +25,15 @@ KEYS = ("input_tokens", "output_tokens")
 CHAT_KEYS = ("prompt_tokens", "completion_tokens")
 RESPONSES_KEYS = KEYS
 
-# A text, or what makes it: a stream's delivered text is decoded only if a count is missing.
-Text = str | Callable[[], str]
+# A text; or what makes it, decoded only if a count is missing; or (a stream's delivered
+# output, of which only the count is kept) its size in UTF-8 bytes.
+Text = str | int | Callable[[], str]
 
 
-def _text(text: Text) -> str:
-    return text if isinstance(text, str) else text()
+def _estimate(text: Text) -> int:
+    if isinstance(text, int):
+        return -(-text // 4)  # as tokens.estimate_tokens counts a text of that size
+    return estimate_tokens(text if isinstance(text, str) else text())
 
 
 def token_count(value: Any) -> int | None:
@@ -56,7 +59,7 @@ def billed_usage(
     for key, text in zip(KEYS, (prompt, output), strict=True):
         count = token_count(counts.get(key))
         if count is None:
-            count, source = estimate_tokens(_text(text)), "gateway"
+            count, source = _estimate(text), "gateway"
         usage[key] = count
     return usage, source
 

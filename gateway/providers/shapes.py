@@ -27,6 +27,7 @@ class _Shape(msgspec.Struct, kw_only=True):
 class _Part(_Shape):
     type: str | None = None
     text: str | None = None
+    refusal: Any = None  # counted as output when it is text (tokens.content_text)
 
 
 _Content = str | list[_Part] | None
@@ -47,6 +48,10 @@ class _Message(_Shape):
     content: _Content = None
     refusal: str | None = None
     tool_calls: list[_ToolCall] | None = None
+    # Output that OpenAI-compatible servers send beside the content (vLLM, DeepSeek, ...):
+    # read, not checked, to count it (tokens.message_output).
+    reasoning_content: Any = None
+    reasoning: Any = None
 
 
 class _Choice(_Shape):

@@ -24,6 +24,7 @@ WORDS = {
     "bad_response": "bad response",
     "credentials_rejected": "credentials rejected",
     "client_error": "request rejected as invalid",
+    "output_limit": "sent output past the request's limit",
     "error": "failed",
 }
 

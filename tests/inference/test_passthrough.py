@@ -16,6 +16,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from model_gateway.gateway.inference.output_limit import Delivered
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES
 from model_gateway.gateway.inference.tokens import estimate_tokens, message_output
@@ -46,6 +47,8 @@ USAGE = HEAD + b',"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,
 UPSTREAM_BYTES = b"".join(event + b"\n\n" for event in [*CONTENT, USAGE, b"data: [DONE]"])
 DONE = b"data: [DONE]\n\n"
 
+HELD = 10_000  # output tokens the hold covers: more than any stream here delivers
+
 
 def expected(include_usage: bool) -> bytes:
     """The upstream's events with the gateway's model id; `"usage":null` and the usage
@@ -58,7 +61,7 @@ def expected(include_usage: bool) -> bytes:
 
 
 def relay(reads: list[bytes], include_usage: bool) -> tuple[bytes, ChatPassThrough]:
-    renderer = ChatPassThrough(MODEL_ID, include_usage, "the prompt")
+    renderer = ChatPassThrough(MODEL_ID, include_usage, "the prompt", Delivered(HELD))
     return relay_stream(ChatEvents("test"), renderer, reads), renderer
 
 
@@ -70,7 +73,7 @@ def test_content_bytes_pass_unchanged_but_for_the_model(include_usage):
     out, renderer = relay([UPSTREAM_BYTES], include_usage)
     assert out == expected(include_usage)
     assert renderer.usage() == {"input_tokens": 3, "output_tokens": 4}
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,7 +81,7 @@ def test_content_bytes_pass_unchanged_but_for_the_model(include_usage):
 def test_any_split_across_reads_gives_the_same_bytes(cuts, include_usage):
     out, renderer = relay(split(UPSTREAM_BYTES, cuts), include_usage)
     assert out == expected(include_usage)
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
 
 
 @settings(max_examples=150, deadline=None)
@@ -91,7 +94,7 @@ def test_other_framings_give_the_same_events_whatever_the_split(cuts):
     out, renderer = relay(split(crlf, cuts), True)
     assert out == whole
     assert sse_payloads(out) == sse_payloads(expected(True))
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
 
 
 def test_keep_alive_comments_are_dropped_and_the_rest_passes():
@@ -139,7 +142,7 @@ def test_an_integer_past_64_bits_in_a_re_rendered_event_is_written_again():
     big = CONTENT[2].replace(b'"usage":null', b'"usage":null,"seed":18446744073709551616')
     out, renderer = relay([big + b"\r\n\r\n" + DONE], True)
     assert b"1.8446744073709552e+19" in out and out.endswith(DONE)
-    assert renderer.output_text() == " and more"
+    assert renderer.delivered.size == len(b" and more")
 
 
 def test_reasoning_sent_under_both_names_counts_once():
@@ -154,7 +157,7 @@ def test_usage_the_upstream_never_sent_leaves_the_text_to_count():
     out, renderer = relay([b"".join(event + b"\n\n" for event in CONTENT) + DONE], True)
     assert out == b"".join(e.replace(UPSTREAM, OURS) + b"\n\n" for e in CONTENT) + DONE
     assert renderer.usage() == {}
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
 
 
 def test_broken_usage_is_shown_as_the_gateways_count():

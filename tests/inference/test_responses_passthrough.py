@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from model_gateway.gateway.inference.output_limit import Delivered
 from model_gateway.gateway.inference.renderers import NativeResponsesRenderer
 from model_gateway.gateway.providers.responses_events import NativeResponsesEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
@@ -21,6 +22,8 @@ from tests.support.inference import split, sse_payloads
 MODEL_ID = "oa/model"
 USAGE = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
 TEXT = 'café "model":"up-name" 🙂 and more'
+
+HELD = 10_000  # output tokens the hold covers: more than any stream here delivers
 
 
 def response(status: str, usage) -> bytes:
@@ -74,7 +77,7 @@ UPSTREAM_BYTES = b"".join(e + b"\n\n" for e in [*CREATED, *DELTAS, COMPLETED])
 
 
 def relay(reads: list[bytes]) -> tuple[bytes, NativeResponsesRenderer]:
-    renderer = NativeResponsesRenderer(MODEL_ID, "the prompt")
+    renderer = NativeResponsesRenderer(MODEL_ID, "the prompt", Delivered(HELD))
     return relay_stream(NativeResponsesEvents("test"), renderer, reads), renderer
 
 
@@ -90,7 +93,7 @@ def test_events_without_the_response_pass_as_they_came():
     for index in (0, 1, 5):  # re-rendered with the gateway's model
         assert payloads[index]["response"]["model"] == MODEL_ID
     assert payloads[5]["response"]["usage"] == USAGE
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
     assert renderer.usage() == {"input_tokens": 3, "output_tokens": 4}
     assert (
         orjson.loads(renderer.error(UpstreamFailure("bad_response"), "req_1").split(b"data: ")[1])[
@@ -106,7 +109,7 @@ def test_any_split_across_reads_gives_the_same_bytes(cuts):
     whole, _ = relay([UPSTREAM_BYTES])
     out, renderer = relay(split(UPSTREAM_BYTES, cuts))
     assert out == whole
-    assert renderer.output_text() == TEXT
+    assert renderer.delivered.size == len(TEXT.encode())
 
 
 @settings(max_examples=150, deadline=None)
@@ -120,7 +123,7 @@ def test_other_framings_give_the_same_events_whatever_the_split(cuts):
     for raw in (other, no_names):
         out, renderer = relay(split(raw, cuts))
         assert sse_payloads(out) == sse_payloads(canonical)
-        assert renderer.output_text() == TEXT
+        assert renderer.delivered.size == len(TEXT.encode())
         assert b"event: response.output_text.delta\n" in out  # the name the client reads
 
 
@@ -160,7 +163,7 @@ def test_invalid_utf8_is_read_as_the_sse_decoder_reads_it():
     bad = DELTAS[1].replace(b" and more", b" and \xff more")
     out, renderer = relay([CREATED[0] + b"\n\n" + bad + b"\n\n" + COMPLETED + b"\n\n"])
     assert sse_payloads(out)[1]["delta"] == " and \ufffd more"
-    assert renderer.output_text() == " and \ufffd more"
+    assert renderer.delivered.size == len(" and \ufffd more".encode())
 
 
 def test_what_follows_the_end_is_read_and_dropped():
