@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from model_gateway.gateway.config import ModelConfig
 from model_gateway.gateway.json_response import json_response
@@ -64,6 +64,7 @@ class CoreHandlers:
 
     def routes(self) -> list[Endpoint]:
         return [
+            Endpoint("GET", "/", PUBLIC, self.home, listed=False),
             Endpoint("GET", "/healthz", PUBLIC, self.healthz, listed=False),
             Endpoint("GET", "/metrics", PUBLIC, self.metrics, listed=False),
             Endpoint("GET", "/v1", ANY_VALID_KEY, self.index),
@@ -72,6 +73,16 @@ class CoreHandlers:
             Endpoint("GET", "/v1/models/{model_id:path}", ANY_VALID_KEY, self.model),
             Endpoint("GET", "/v1/receipts/{receipt_id}", "receipts", self.receipt),
         ]
+
+    async def home(self, ctx: RequestContext):
+        """A browser at the gateway's address lands on the console (behind the mount
+        prefix, when the gateway is embedded under one)."""
+
+        async def respond(scope, receive, send) -> None:
+            to = scope.get("root_path", "").rstrip("/") + "/console"
+            await RedirectResponse(to, status_code=303)(scope, receive, send)
+
+        return respond
 
     async def healthz(self, ctx: RequestContext):
         try:

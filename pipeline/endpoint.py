@@ -30,6 +30,9 @@ class Pricing(Protocol):
     def cost(self, ctx: RequestContext) -> int: ...
 
 
+_REST = re.compile(r"\{(\w+):path\}")
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     method: str
@@ -42,6 +45,16 @@ class Endpoint:
     admit: Admit | None = None
     pricing: Pricing | None = None  # None: free, nothing is reserved
     listed: bool = True  # shown by GET /v1
+    # The parameters that take the rest of the path, slashes included (model ids such as
+    # org/model). Written `{name:path}` in the template, which keeps only `{name}`: the
+    # path is what GET /v1, metrics labels and receipts show.
+    rest: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        rest = _REST.findall(self.path)
+        if rest:
+            object.__setattr__(self, "rest", frozenset(rest))
+            object.__setattr__(self, "path", _REST.sub(r"{\1}", self.path))
 
 
 @dataclass(slots=True)
@@ -57,7 +70,7 @@ class PathRoutes:
 class RouteTable:
     """Exact paths by dictionary lookup; templated ones by regex, tried in order.
 
-    A `{name:path}` parameter may hold slashes (model ids such as `org/model`).
+    A parameter of `Endpoint.rest` may hold slashes (model ids such as `org/model`).
     """
 
     def __init__(self, endpoints: list[Endpoint]) -> None:
@@ -68,11 +81,7 @@ class RouteTable:
         for ep in endpoints:
             routes = by_path.get(ep.path)
             if routes is None:
-                pattern = None
-                if "{" in ep.path:
-                    regex = re.sub(r"\{(\w+):path\}", r"(?P<\1>.+)", ep.path)
-                    regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", regex)
-                    pattern = re.compile("^" + regex + "$")
+                pattern = _pattern(ep)
                 routes = by_path[ep.path] = PathRoutes(pattern)
                 if pattern:
                     self._templated.append(routes)
@@ -90,3 +99,15 @@ class RouteTable:
             if found:
                 return routes, found.groupdict()
         return None
+
+
+def _pattern(ep: Endpoint) -> re.Pattern[str] | None:
+    """The regex of a templated path; None for an exact one."""
+    if "{" not in ep.path:
+        return None
+
+    def parameter(found: re.Match[str]) -> str:
+        name = found[1]
+        return f"(?P<{name}>.+)" if name in ep.rest else f"(?P<{name}>[^/]+)"
+
+    return re.compile("^" + re.sub(r"\{(\w+)\}", parameter, ep.path) + "$")
