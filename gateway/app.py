@@ -163,6 +163,14 @@ class Gateway:
         in_child = 0 if self.log_process is None else self.log_process.read_back
         return self.transparency_log.read_back + in_child
 
+    def observers(self) -> list:
+        """Who hears how each request went (the /v1 chain's Observe stage, the console's):
+        the metrics and the access log, as configured."""
+        return [
+            *([self.metrics] if self.config.metrics.enabled else []),
+            *([self.access_log] if self.access_log is not None else []),
+        ]
+
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts (call after `start`); `authenticate`
         swaps key auth for another principal (the console playground)."""
@@ -177,10 +185,7 @@ class Gateway:
             cors_origins=config.server.cors_origins,
             default_key_rpm=config.limits.default_key_rpm,
             default_project_rpm=config.limits.default_project_rpm,
-            observers=[
-                *([self.metrics] if config.metrics.enabled else []),
-                *([self.access_log] if self.access_log is not None else []),
-            ],
+            observers=self.observers(),
             authenticate=authenticate,
         )
 

@@ -64,6 +64,7 @@ def access_record(
         "project_id": ctx.project.id if ctx.project is not None else None,
         "receipt_id": settled.receipt_id if settled is not None else None,
         "cost": format_amount(settled.cost) if settled is not None else None,
+        "user": ctx.user,  # the console's signed-in user (email); None elsewhere
     }
 
 
@@ -73,6 +74,7 @@ _TEXT_FIELDS = (
     ("project", "project_id"),
     ("receipt", "receipt_id"),
     ("cost", "cost"),
+    ("user", "user"),
 )
 
 

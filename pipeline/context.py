@@ -71,6 +71,7 @@ class RequestContext:
     billing: Billing | None = None  # the handler; None: nothing billable ran
     provider: str | None = None  # the handler: the provider (or node) that served
     upstream_seconds: float = 0.0  # the handler: time spent waiting on the upstream or node
+    user: str | None = None  # console session auth: the signed-in user's email (access log)
 
 
 def context_of(scope: Scope) -> RequestContext:

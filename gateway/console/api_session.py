@@ -1,4 +1,5 @@
-"""POST /console/api/login, POST /console/api/logout, GET /console/api/me."""
+"""POST /console/api/login, POST /console/api/logout, GET /console/api/me, and the one
+sign-in both the JSON endpoint and the sign-in form (without JavaScript) go through."""
 
 from __future__ import annotations
 
@@ -7,30 +8,40 @@ from model_gateway.gateway.console.passwords import check_password
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.gateway.console.views import user_view
 from model_gateway.gateway.json_response import json_response
+from model_gateway.pipeline.context import context_of
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
 from model_gateway.pipeline.errors import Unauthenticated
+from model_gateway.storage.base import UserRecord
 
 WRONG_CREDENTIALS = "The email or password is incorrect."  # one message for both
+
+
+async def sign_in(console, call: Call, fields: Fields) -> tuple[UserRecord, str]:
+    """Check `email` and `password` under the throttle's rules (400, 401 for a wrong email
+    or password alike, 429 while throttled); the user and the new session's Set-Cookie."""
+    email = fields.string("email", required=True, max_length=320)
+    password = fields.string("password", required=True, max_length=1024, strip=False)
+    address = call.request.client.host if call.request.client else "unknown"
+    async with console.throttle.turn(email, address):
+        await console.throttle.check(email, address)
+        user = await console.storage.get_user(email)
+        usable = user is not None and not user.disabled
+        if not await check_password(user.password_hash if usable else None, password):
+            await console.throttle.failed(email, address)
+            raise Unauthenticated(WRONG_CREDENTIALS)
+        await console.throttle.succeeded(email)
+    await console.purge()  # expired sessions and stale failures, at each sign-in
+    # A new session id at every sign-in; a session the browser brought along ends.
+    await console.sessions.end(call.request.scope)
+    cookie = await console.sessions.start(user)
+    context_of(call.request.scope).user = user.email  # named in the access line
+    return user, cookie
 
 
 def routes(console) -> list[Endpoint]:
     async def login(call: Call):
         fields = Fields(await call.json())
-        email = fields.string("email", required=True, max_length=320)
-        password = fields.string("password", required=True, max_length=1024, strip=False)
-        address = call.request.client.host if call.request.client else "unknown"
-        async with console.throttle.turn(email, address):
-            await console.throttle.check(email, address)
-            user = await console.storage.get_user(email)
-            usable = user is not None and not user.disabled
-            if not await check_password(user.password_hash if usable else None, password):
-                await console.throttle.failed(email, address)
-                raise Unauthenticated(WRONG_CREDENTIALS)
-            await console.throttle.succeeded(email)
-        await console.purge()  # expired sessions and stale failures, at each sign-in
-        # A new session id at every sign-in; a session the browser brought along ends.
-        await console.sessions.end(call.request.scope)
-        cookie = await console.sessions.start(user)
+        user, cookie = await sign_in(console, call, fields)
         return json_response({"user": user_view(user)}, headers={"set-cookie": cookie})
 
     async def logout(call: Call):

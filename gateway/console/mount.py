@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 import orjson
 from starlette.middleware import Middleware
@@ -33,6 +34,7 @@ from model_gateway.pipeline.errors import (
     Unauthenticated,
     send_error,
 )
+from model_gateway.pipeline.observe import Observe
 from model_gateway.pipeline.request_id import RequestId
 from model_gateway.pipeline.routing import route_path
 from model_gateway.storage.base import RecordNotFound, StateConflict, UserRecord, now_s
@@ -57,11 +59,11 @@ class Call:
     params: dict[str, str]
     request_id: str
 
-    async def body(self) -> bytes:
-        """The raw JSON body (400 for another content type or a body over the limit)."""
-        content_type = self.request.headers.get("content-type", "").split(";")[0].strip()
-        if content_type.lower() != "application/json":
-            raise InvalidRequest("Content-Type must be application/json.")
+    async def body(self, content_type: str = "application/json") -> bytes:
+        """The raw body (400 for another content type or a body over the limit)."""
+        sent = self.request.headers.get("content-type", "").split(";")[0].strip()
+        if sent.lower() != content_type:
+            raise InvalidRequest(f"Content-Type must be {content_type}.")
         body = b""
         async for chunk in self.request.stream():
             body += chunk
@@ -78,6 +80,11 @@ class Call:
         if not isinstance(value, dict):
             raise InvalidRequest("The body must be a JSON object.")
         return value
+
+    async def form(self) -> dict[str, str]:
+        """A form's fields, as a browser without JavaScript posts them (the sign-in form)."""
+        body = await self.body("application/x-www-form-urlencoded")
+        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
 
     def query(self, name: str) -> str | None:
         return self.request.query_params.get(name)
@@ -114,13 +121,21 @@ class Console:
             + api_agents.routes(self)
             + pages.routes(self)
         )
-        self.app = chain([Middleware(RequestId)], self._dispatch)
+        # Observed like /v1: an access line and the request metrics for every console
+        # request. The playground is not in this chain: the /v1 chain observes it.
+        self.app = chain(
+            [Middleware(RequestId), Middleware(Observe, observers=gateway.observers())],
+            self._dispatch,
+        )
         self.playground = gateway.pipeline(authenticate=Middleware(SessionAuth, console=self))
 
     async def authenticate(self, scope: Scope) -> UserRecord:
-        """The Origin check, then the session: the order every console request follows."""
+        """The Origin check, then the session: the order every console request follows.
+        The user is named in the request's access line."""
         check_origin(scope, self.public_url)
-        return await signed_in(self.sessions, scope)
+        user = await signed_in(self.sessions, scope)
+        context_of(scope).user = user.email
+        return user
 
     async def purge(self) -> None:
         now = now_s()
@@ -182,6 +197,7 @@ class Console:
             raise MethodNotAllowed(
                 f"This path supports {routes.allow} only.", headers={"allow": routes.allow}
             )
+        context_of(scope).endpoint = endpoint  # the metrics' label: the path's template
         return endpoint, params
 
 

@@ -17,8 +17,10 @@ from model_gateway.gateway.console import (
     pages_reports,
     pages_tools,
 )
+from model_gateway.gateway.console.api_session import sign_in
 from model_gateway.gateway.console.html import amount_html, api_form, esc, field, page, table
 from model_gateway.gateway.console.mount import PAGE, Call
+from model_gateway.gateway.console.payload import Fields
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
 from model_gateway.pipeline.errors import GatewayError, NotFound
 
@@ -36,6 +38,43 @@ def error_page(error: GatewayError) -> Response:
         '<p><a href="/console/projects">Back to the projects</a></p>'
     )
     return page("Error", body, status=error.status)
+
+
+def login_page(email: str = "", error: GatewayError | None = None) -> Response:
+    """The sign-in form. It posts (never a GET: the password would enter the URL) to
+    POST /console/login when no script runs; the script sends it as JSON instead."""
+    alert = (
+        '<p class="form-error" role="alert" hidden></p>'
+        if error is None
+        else f'<p class="form-error" role="alert">{esc(error.message)}</p>'
+    )
+    body = (
+        '<section class="signin"><h1>Sign in</h1>'
+        '<form class="card" id="login" method="post" action="/console/login"'
+        ' data-api="/console/api/login" data-method="POST" data-next="/console/projects">'
+        + field(
+            "Email",
+            "email",
+            kind="email",
+            value=email,
+            extra='autocomplete="username" required',
+        )
+        + field(
+            "Password",
+            "password",
+            kind="password",
+            extra='autocomplete="current-password" required data-raw',
+        )
+        + '<div class="actions"><button type="submit">Sign in</button></div>'
+        + alert
+        + "</form>"
+        '<p class="note">Accounts are made by an operator: '
+        "<code>gateway users create EMAIL --password-stdin</code>.</p></section>"
+    )
+    response = page("Sign in", body, status=200 if error is None else error.status)
+    if error is not None and error.retry_after is not None:
+        response.headers["retry-after"] = str(error.retry_after)
+    return response
 
 
 def routes(console) -> list[Endpoint]:
@@ -56,23 +95,20 @@ def routes(console) -> list[Endpoint]:
         return RedirectResponse("/console/projects", status_code=303)
 
     async def login(call: Call):
-        body = (
-            '<section class="signin"><h1>Sign in</h1>'
-            '<form class="card" id="login" data-api="/console/api/login" data-method="POST"'
-            ' data-next="/console/projects">'
-            + field("Email", "email", kind="email", extra='autocomplete="username" required')
-            + field(
-                "Password",
-                "password",
-                kind="password",
-                extra='autocomplete="current-password" required data-raw',
-            )
-            + '<div class="actions"><button type="submit">Sign in</button></div>'
-            '<p class="form-error" role="alert" hidden></p></form>'
-            '<p class="note">Accounts are made by an operator: '
-            "<code>gateway users create EMAIL --password-stdin</code>.</p></section>"
+        return login_page()
+
+    async def login_form(call: Call):
+        """The sign-in form posted without JavaScript: the JSON endpoint's sign-in, then
+        303 to the console; refused, the sign-in page again with the error (and its status)."""
+        form: dict[str, str] = {}
+        try:
+            form = await call.form()
+            _, cookie = await sign_in(console, call, Fields(form))
+        except GatewayError as error:
+            return login_page(form.get("email", ""), error)
+        return RedirectResponse(
+            "/console/projects", status_code=303, headers={"set-cookie": cookie}
         )
-        return page("Sign in", body)
 
     async def projects(call: Call):
         user = call.user
@@ -114,6 +150,7 @@ def routes(console) -> list[Endpoint]:
     return [
         Endpoint("GET", "/console/static/{name}", PUBLIC, static),
         Endpoint("GET", "/console/login", PUBLIC, login),
+        Endpoint("POST", "/console/login", PUBLIC, login_form),
         Endpoint("GET", "/console", PAGE, home),
         Endpoint("GET", "/console/", PAGE, home),
         Endpoint("GET", "/console/projects", PAGE, projects),
