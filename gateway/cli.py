@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from datetime import UTC, datetime
@@ -322,7 +323,12 @@ def sandbox_node(args, config) -> int:
 def serve(args, config) -> int:
     from model_gateway.gateway.server import serve as run_server  # uvicorn: only to serve
 
-    run_server(config, args.host, args.port)
+    try:
+        run_server(config, args.host, args.port)
+    except ConfigError as exc:  # e.g. a spawned node's port is taken
+        # Logging is configured by now: the last line too follows log_format.
+        logging.getLogger("gateway").error("%s", exc)
+        return 1
     return 0
 
 

@@ -27,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from model_gateway.gateway.cli import restrict_file_modes
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.logs import configure_logging
+from model_gateway.gateway.summary import console_url, listen_url
 
 MAX_HEADER_FIELDS = 100  # decisions.md; a fixed number, not a config key
 YOUNG_COLLECTION_AFTER = 10_000  # net allocations (Python's default: 700)
@@ -232,8 +233,9 @@ def uvicorn_options(config: Config, host: str | None = None, port: int | None = 
         "http": protocol_class(limits_from(config)),
         "ws": "none",  # the gateway has no websocket endpoint: no second parser to bound
         "lifespan": "on",
-        "access_log": False,
+        "access_log": False,  # gateway.logs.AccessLog writes it
         "log_level": "warning",
+        "log_config": None,  # uvicorn's loggers propagate to ours: one format (log_format)
     }
 
 
@@ -245,7 +247,9 @@ def serve(config: Config, host: str | None = None, port: int | None = None, **ov
     restrict_file_modes()  # before anything opens the database or writes a secret (0600)
     configure_logging(config.server.log_format)
     options = {**uvicorn_options(config, host, port), **overrides}
-    logging.getLogger("gateway").info("listening on http://%s:%d", options["host"], options["port"])
+    log = logging.getLogger("gateway")
+    log.info("listening on %s", listen_url(options["host"], options["port"]))
+    log.info("console: %s", console_url(config, options["host"], options["port"]))
     app = create_app(config, on_started=tune_garbage_collector, log_process=True)
     uvicorn.run(app, **options)
 

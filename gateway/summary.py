@@ -15,6 +15,22 @@ def redacted_storage_url(url: str) -> str:
     return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
 
 
+# A wildcard listen address, and the loopback address a browser on this host can open.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104 (not bound)
+
+
+def listen_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def console_url(config: Config, host: str, port: int) -> str:
+    """Where the operator opens the console: under `[server] public_url` when set, else
+    on the listen address (a wildcard one as loopback, which a browser here can open)."""
+    if config.server.public_url:
+        return config.server.public_url.rstrip("/") + "/console"
+    return listen_url(_WILDCARDS.get(host, host), port) + "/console"
+
+
 def startup_summary(config: Config) -> list[str]:
     lines = [f"config {config.source}", f"storage {redacted_storage_url(config.storage_url)}"]
     for name, provider in config.providers.items():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 
@@ -41,7 +42,13 @@ HEALTH_TIMEOUT_S = 2.0
 class SandboxNode:
     """One node: its slots, its session, its health, and (spawn = true) its supervisor."""
 
-    def __init__(self, name: str, entry: SandboxNodeEntry, secret_file: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        entry: SandboxNodeEntry,
+        secret_file: Path,
+        log_format: Literal["text", "json"] = "text",
+    ) -> None:
         self.name = name  # its place in the config: never its address, which stays private
         self.url = entry.url.rstrip("/")
         self.max_concurrent = entry.max_concurrent
@@ -54,7 +61,7 @@ class SandboxNode:
         if isinstance(entry, SandboxNodeConfig) and entry.spawn:
             # Binds the node's port now: a taken one stops `gateway serve` at once.
             self._supervisor = NodeSupervisor(
-                self.url, secret_file, max_concurrent=self.max_concurrent
+                self.url, secret_file, max_concurrent=self.max_concurrent, log_format=log_format
             )
 
     @property
@@ -123,7 +130,9 @@ class NodePool:
         self.nodes: list[SandboxNode] = []
         try:
             for name, entry in config.sandbox_node_entries():
-                self.nodes.append(SandboxNode(name, entry, config.path(entry.secret_file)))
+                secret_file = config.path(entry.secret_file)
+                log_format = config.server.log_format  # a spawned node logs as the gateway
+                self.nodes.append(SandboxNode(name, entry, secret_file, log_format))
         except ValueError as exc:  # a spawned node's url: not an http URL
             raise ConfigError(str(exc)) from None
         self._checks: list[asyncio.Task] = []

@@ -12,7 +12,8 @@ then SIGKILL after a grace period. PR_SET_PDEATHSIG makes the kernel end it if t
 gateway itself dies without shutting down (kill -9).
 
 Run directly, this module is the child: `python -m gateway.sandbox.supervisor HOST PORT
-SECRET_FILE MAX_CONCURRENT [LISTENING_FD]`.
+SECRET_FILE MAX_CONCURRENT LOG_FORMAT [LISTENING_FD]`. It logs in the gateway's
+`log_format`, on the gateway's stderr.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -74,7 +76,14 @@ def listen(host: str, port: int) -> socket.socket:
 class NodeSupervisor:
     """Binds the node's port on creation (NodePortTaken), runs the node from `start`."""
 
-    def __init__(self, url: str, secret_file: Path, *, max_concurrent: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        secret_file: Path,
+        *,
+        max_concurrent: int,
+        log_format: Literal["text", "json"] = "text",
+    ) -> None:
         self.url = url.rstrip("/")
         self.host, self.port = node_address(url)
         self.argv = [
@@ -83,6 +92,7 @@ class NodeSupervisor:
             str(self.port),
             str(secret_file),
             str(max_concurrent),
+            log_format,
         ]
         self.process: asyncio.subprocess.Process | None = None
         self._socket: socket.socket | None = listen(self.host, self.port)
@@ -162,10 +172,11 @@ class NodeSupervisor:
 
 
 def run_child(argv: list[str]) -> None:
+    from model_gateway.gateway.logs import configure_logging
     from model_gateway.gateway.sandbox.node.service import serve_node
 
-    host, port, secret_file, max_concurrent, *fd = argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    host, port, secret_file, max_concurrent, log_format, *fd = argv
+    configure_logging("json" if log_format == "json" else "text")
     serve = serve_node(
         host,
         int(port),

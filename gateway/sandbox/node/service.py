@@ -159,10 +159,15 @@ def create_node_app(
     signer = Signer(secret, not_before=math.ceil(time.time()))
     sandbox = Sandbox(max_concurrent=max_concurrent, allow_degraded=allow_degraded)
     executions = Executions()
+    # The report as JSON, in the message (text format) and as a field (JSON format).
+    report, fields = (
+        orjson.dumps(sandbox.report).decode(),
+        {"fields": {"isolation": sandbox.report}},
+    )
     if sandbox.will_execute:
-        logger.info("sandbox node ready: %s", sandbox.report)
+        logger.info("sandbox node ready: %s", report, extra=fields)
     else:
-        logger.error("sandbox node will refuse to execute: %s", sandbox.report)
+        logger.error("sandbox node will refuse to execute: %s", report, extra=fields)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "isolation": sandbox.report})
@@ -175,6 +180,8 @@ def create_node_app(
         try:
             signer.verify_request(request.headers, f"{request.method} {request.url.path}", body)
         except SignatureError as exc:
+            # Without uvicorn's access lines (see serve_node), a refusal is logged here.
+            logger.warning("refused %s %s: %s", request.method, request.url.path, exc)
             return reply.error(401, "unauthorized", str(exc))
         return body
 
@@ -274,7 +281,18 @@ async def serve_node(
     # Requests signed in the second this node started are refused (they could predate
     # it): wait for the next second so that the gateway's first request is not one.
     await asyncio.sleep(max(0.0, app.state.not_before - time.time()))
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off")
+    # uvicorn's loggers propagate to the process's own handler (gateway.logs: the
+    # deployment's log_format). No access lines: the gateway's health check comes every
+    # 2 s, and runs, stops and refusals are logged by the node itself.
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+    )
     sockets = None if fd is None else [socket.socket(fileno=fd)]
     await uvicorn.Server(config).serve(sockets=sockets)
 
