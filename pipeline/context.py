@@ -71,6 +71,9 @@ class RequestContext:
     billing: Billing | None = None  # the handler; None: nothing billable ran
     provider: str | None = None  # the handler: the provider (or node) that served
     upstream_seconds: float = 0.0  # the handler: time spent waiting on the upstream or node
+    # dispatch: the client disconnected (or the server said so once the response was sent:
+    # observe tells them apart). Before: logged 499, a receipt not yet settled `cancelled`.
+    client_left: bool = False
     user: str | None = None  # console session auth: the signed-in user's email (access log)
 
 

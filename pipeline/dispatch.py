@@ -2,8 +2,9 @@
 
 Reads: `ctx.endpoint.handler`. Writes: whatever the handler records in `ctx` (its
 `billing`). Rejects: whatever the handler raises as a GatewayError, rendered as the
-spec's error object. A client that disconnects while the handler works cancels it at
-once (and with it any upstream call); nothing is sent to a client that is gone.
+spec's error object. A client that disconnects while the handler works or its response
+goes out cancels it at once (and with it any upstream call), and sets
+`ctx.client_left`; nothing is sent to a client that is gone.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from model_gateway.pipeline.context import RequestContext, context_of
 from model_gateway.pipeline.errors import GatewayError, send_error
 
 
-async def _cancel_on_disconnect(receive: Receive, exchange: asyncio.Future[None]) -> None:
+async def _cancel_on_disconnect(
+    ctx: RequestContext, receive: Receive, exchange: asyncio.Future[None]
+) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    ctx.client_left = True
     exchange.cancel()
 
 
@@ -38,7 +42,7 @@ class Dispatch:
         # The watch covers the handler and its response (a stream included); plain asyncio
         # tasks, because an anyio task group here cost ~10x more on every request.
         exchange = asyncio.ensure_future(_serve(ctx, scope, receive, send))
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, exchange))
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(ctx, receive, exchange))
         try:
             await exchange
         except asyncio.CancelledError:

@@ -86,6 +86,10 @@ def _whole(start: Message) -> bool:
 async def _settle(ctx: RequestContext) -> None:
     if ctx.hold is None or ctx.hold.state != "open":
         return  # settled at the final body already (or released): nothing to price again
+    if ctx.client_left and ctx.billing is not None:
+        # The client left before its whole answer went out (it was ready): never
+        # `succeeded`; billed what ran, as a cancel is.
+        ctx.billing.outcome = "cancelled"
     settlement = settlement_of(ctx)
     if settlement is not None:
         await ctx.hold.settle(settlement)

@@ -76,6 +76,16 @@ def receipts_in_storage(gw, project_id: str) -> list[dict]:
     ]
 
 
+def access_status(gw, receipt_id: str) -> int:
+    """The status of the request's access line (text format: `req_… METHOD PATH STATUS …`),
+    once the log has flushed it."""
+    line = wait_for(
+        lambda: next((ln for ln in gw.log().splitlines() if f"receipt={receipt_id}" in ln), None),
+        "no access line for the request",
+    )
+    return int(line.split()[line.split().index("POST") + 2])
+
+
 def assert_billed_the_prompt(gw, project: str, before: dict, receipt: dict, cost: int) -> None:
     assert receipt["status"] == "cancelled"
     assert receipt["usage"] == BILLED
@@ -107,6 +117,7 @@ def test_a_stream_cut_after_its_first_event_bills_the_prompt(
     assert receipt["id"] == receipt_id
     receipt = httpx.get(f"{gw.url}/v1/receipts/{receipt_id}", headers=headers).json()
     assert_billed_the_prompt(gw, project, before, receipt, micros(receipt["cost"]))
+    assert access_status(gw, receipt_id) == 499  # the client closed the request: not a 500
 
 
 @pytest.mark.parametrize(
@@ -131,3 +142,4 @@ def test_a_client_left_after_the_upstream_accepted_but_before_any_answer_owes_th
     wait_for(lambda: mode in upstream.disconnected, "the upstream call outlived the client")
     [receipt] = wait_for(lambda: receipts_in_storage(gw, project), "no receipt for the cancel")
     assert_billed_the_prompt(gw, project, before, receipt, receipt["cost"])
+    assert access_status(gw, receipt["id"]) == 499  # the client closed the request: not a 500
