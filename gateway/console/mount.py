@@ -63,7 +63,7 @@ class Call:
         """The raw body (400 for another content type or a body over the limit)."""
         sent = self.request.headers.get("content-type", "").split(";")[0].strip()
         if sent.lower() != content_type:
-            raise InvalidRequest(f"Content-Type must be {content_type}.")
+            raise InvalidRequest(f"Content-Type must be {content_type}.", param="Content-Type")
         body = b""
         async for chunk in self.request.stream():
             body += chunk

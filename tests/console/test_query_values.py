@@ -113,3 +113,14 @@ def test_the_usage_page_says_when_it_shows_another_range_than_asked(owner, pid):
         f"/console/api/projects/{pid}/usage", params={"from": "2026-02-02", "to": "2026-02-01"}
     )
     assert api.status_code == 400 and api.json()["error"]["param"] in ("from", "to")
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", ""])
+def test_a_body_of_another_content_type_is_400_naming_the_header(owner, content_type):
+    sent = owner.request(
+        "POST",
+        "/console/api/projects",
+        content=b'{"name": "x"}',
+        headers={"content-type": content_type},
+    )
+    _bad(sent, "json", "Content-Type")
