@@ -10,6 +10,7 @@ from pathlib import Path
 from model_gateway.gateway.app import Gateway
 from model_gateway.gateway.config import parse_config
 from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.pricing import held_output_tokens
 from model_gateway.storage import ProjectRecord, SandboxRecord, open_storage
 from model_gateway.storage.base import RunRecord, StepRecord
 from tests.sandbox_e2e.helpers import NodeProcess, sandbox_config
@@ -18,7 +19,7 @@ NODE_SLOTS = 4
 _ids = itertools.count()
 
 # echo-1 as shipped; echo-steep holds a lot for its output and nothing for its input, so
-# a test can tell exactly what its next model step will hold (1000 x 100 = 0.1 USD).
+# a test can tell exactly what its next model step will hold (STEEP_HOLD).
 MODELS = """
 [providers.local]
 kind = "echo"
@@ -50,7 +51,9 @@ input_price_per_mtok = "0.50"
 output_price_per_mtok = "1.50"
 max_output_tokens = 1024
 """
-STEEP_HOLD = 100_000  # micro-units: echo-steep's 1000 tokens at 100 USD per million
+# micro-units: the output echo-steep's 1000 tokens hold (their tolerance included, about
+# 0.127 USD) at 100 USD per million
+STEEP_HOLD = held_output_tokens(None, 1000) * 100
 
 
 def micros(amount: str | Decimal) -> int:
