@@ -1,6 +1,6 @@
 r"""What one part of the gateway costs: `bench/paired.py` with B the same gateway with that
 part taken out (bench/ablation/sitecustomize.py says what each ablation removes), so the
-difference is the part's cost in the same run. The README's Speed section cites them.
+difference is the part's cost in the same run. docs/speed.md cites them.
 
     python bench/ablate.py no-settle-sql --connections 1 --bare
     python bench/ablate.py no-log --connections 1

@@ -4,7 +4,7 @@ thread, while wrk loads one scenario, and the report gives microseconds a reques
 shared object (the interpreter, SQLite, the kernel, libc...) and the symbols that differ
 most between A and B. bench/profile.py (py-spy) sees Python's frames; this sees the rest:
 system calls, wake-ups, SQLite's C. This is how the one-connection CPU was explained
-(README, Speed).
+(docs/speed.md).
 
     apt-get install -y linux-perf
     python bench/perf_split.py --connections 1 --name-b "metering off" \\

@@ -1,4 +1,4 @@
-"""Scale-out: two gateway instances on one PostgreSQL database behind HAProxy (the README's
+"""Scale-out: two gateway instances on one PostgreSQL database behind HAProxy (docs/deployment.md's
 recipe, scripts/deploy/haproxy.cfg) versus one gateway on SQLite, and between them one
 instance on PostgreSQL (what the backend costs, apart from the second instance). Chat,
 32 connections, metering on, the same mock upstream; wrk rounds rotate over the three.

@@ -5,7 +5,7 @@ back around its step, and each time another thread (aiosqlite's reader) could ta
 hold up the event loop that runs the batch. Here the values are copied into C while the
 GIL is held, then BEGIN, every statement and COMMIT run without it, once, and the outcomes
 are built once the GIL is back: 0.951x the event loop's instructions a metered request
-(README, Speed). The batch still runs on the event loop's thread: on a thread of its own
+(docs/speed.md). The batch still runs on the event loop's thread: on a thread of its own
 it measured slower (the loop slept and woke around every commit).
 
 Semantics are storage/group_commit.py's, and Python's sqlite3 module's: an error that

@@ -9,7 +9,7 @@ next batch runs: requests that move in lockstep (32 answers arriving together) t
 on in groups, instead of each waiting for the whole group's work at every commit. More
 commits cost CPU the loop has to spare. Against a mock answering in 20 ms at 32
 connections, paired with one batch for all: 1.13x and 1.08x req/s; against one answering
-at once, where the CPU is the limit, within the noise (README, Speed).
+at once, where the CPU is the limit, within the noise (docs/speed.md).
 
 At most one batch runs at a time. Every caller's future is resolved, whatever happens: the
 batch's runner answers one outcome per item (a value, or the exception that belongs to

@@ -13,7 +13,7 @@ The batch runs on the event loop itself, in C (storage/_batch.c, its `Writer`): 
 are copied while the GIL is held, then BEGIN, the statements and COMMIT run with it
 released, once. Through Python's sqlite3 module every statement gave the GIL up and took
 it back around its step, letting aiosqlite's reading thread in each time; against that,
-0.951x the event loop's instructions a request at 32 requests at a time (README, Speed).
+0.951x the event loop's instructions a request at 32 requests at a time (docs/speed.md).
 A hop to a worker thread and back measured 200-350 us on the 2-core machines we run on,
 and running the C batches on a thread of their own measured below running them on the
 loop. Its connection writes the WAL through storage/_walbuf.c, which hands a commit's

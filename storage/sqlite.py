@@ -12,7 +12,7 @@ Which connection writes what (the rule; keep every new write to it)
   whose rows are all known before it starts (the log's leaves and their tree head). These
   are the request path's writes and the writes of its housekeeping. Why: they come
   concurrently and often, they are the largest part of what metering costs a request
-  (README, Speed: at one connection the settlement's write and what follows it, about
+  (docs/speed.md: at one connection the settlement's write and what follows it, about
   210 of metering's 300 µs of CPU), and a commit per write is what they would cost
   otherwise. The writer runs the statements queued during one turn of the event loop in
   one transaction, on the loop itself, because a hop to a worker thread and back

@@ -3,7 +3,7 @@
 Integrating receipts is Python work on the event loop (public receipts, hashes, tiles:
 about 50 µs a receipt on the 2-core VM in its slow phase) that no request waits for. In a
 child process it runs on another core. The child holds about 35 MiB of its own: off by
-default (the README's Speed section and bench/HISTORY.md have the measurements).
+default (docs/speed.md and bench/HISTORY.md have the measurements).
 
 The child is a second handle on the same storage. It takes the log's sequencer lock
 (SQLite: a flock beside the database; PostgreSQL: the advisory lock) before `gateway

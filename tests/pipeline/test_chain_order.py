@@ -1,4 +1,5 @@
-"""The order of the stages, as `build_pipeline` builds it, is the README's table."""
+"""The order of the stages, as `build_pipeline` builds it, is the table of the request path's
+page (docs/request-path.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from model_gateway.pipeline.gcra import Gcra
 from model_gateway.pipeline.memory import MemoryKeys, MemoryMeter, StaticCatalog
 from model_gateway.pipeline.routing import Routing
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "request-path.md"
 
 
-def readme_stages() -> list[str]:
-    """The first column of the table under '## The request path'."""
-    section = README.read_text().split("## The request path", 1)[1].split("\n## ", 1)[0]
+def documented_stages() -> list[str]:
+    """The first column of the table at the top of the page (before its first section)."""
+    section = PAGE.read_text().split("\n## ", 1)[0]
     return re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)
 
 
@@ -52,9 +53,9 @@ def build(meter):
     )
 
 
-def test_the_keyed_chain_is_the_readme_table_with_metering_in():
+def test_the_keyed_chain_is_the_documented_table_with_metering_in():
     keyed, _ = walk(build(MemoryMeter({}, {})))
-    stages = readme_stages()
+    stages = documented_stages()
     assert stages[-3:] == ["Reservation", "Settle", "Dispatch"]
     assert keyed == stages
 
@@ -66,4 +67,4 @@ def test_the_public_chain_goes_from_routing_straight_to_dispatch():
 
 def test_without_a_meter_nothing_is_reserved_or_settled():
     keyed, _ = walk(build(None))
-    assert keyed == [s for s in readme_stages() if s not in {"Reservation", "Settle"}]
+    assert keyed == [s for s in documented_stages() if s not in {"Reservation", "Settle"}]

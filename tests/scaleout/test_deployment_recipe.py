@@ -1,4 +1,4 @@
-"""The README's deployment recipe, run once: scripts/deploy/haproxy.cfg itself (the
+"""The deployment recipe of docs/deployment.md, run once: scripts/deploy/haproxy.cfg itself (the
 addresses it reads from the environment are this test's ports) in front of two real
 instances on one fresh PostgreSQL database. Traffic through the proxy reaches both,
 streams pass unbuffered, bodies up to the gateway's own limit pass, and with one
