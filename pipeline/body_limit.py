@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.errors import InvalidRequest, send_error
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -36,7 +36,10 @@ class BodyLimit:
         self.too_large = f"The request body exceeds {max_bytes // (1024 * 1024)} MB."
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         assert ctx.endpoint is not None
         if ctx.endpoint.decode is None:
             await self.app(scope, receive, send)

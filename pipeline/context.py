@@ -77,6 +77,16 @@ class RequestContext:
     user: str | None = None  # console session auth: the signed-in user's email (access log)
 
 
+def request_context(scope: Scope) -> RequestContext | None:
+    """The context of one of the chain's requests; None for any other scope (a websocket, a
+    lifespan, a host's own request that did not come through the request id stage), which
+    a stage passes to its inner app untouched, as Starlette's middleware do."""
+    if scope["type"] != "http":
+        return None
+    state = scope.get("state")
+    return None if state is None else state.get(STATE_KEY)
+
+
 def context_of(scope: Scope) -> RequestContext:
     ctx: RequestContext = scope["state"][STATE_KEY]
     return ctx

@@ -13,8 +13,9 @@ import asyncio
 
 from starlette.types import Receive, Scope, Send
 
-from model_gateway.pipeline.context import RequestContext, context_of
+from model_gateway.pipeline.context import RequestContext, request_context
 from model_gateway.pipeline.errors import GatewayError, send_error
+from model_gateway.pipeline.routing import answer_foreign_scope
 
 
 async def _cancel_on_disconnect(
@@ -38,7 +39,10 @@ async def _serve(ctx: RequestContext, scope: Scope, receive: Receive, send: Send
 
 class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:
+            await answer_foreign_scope(scope, receive, send)
+            return
         # The watch covers the handler and its response (a stream included); plain asyncio
         # tasks, because an anyio task group here cost ~10x more on every request.
         exchange = asyncio.ensure_future(_serve(ctx, scope, receive, send))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.errors import GatewayError, InvalidApiKey, send_error
 from model_gateway.pipeline.ports import KeyLookup
 
@@ -38,7 +38,10 @@ class KeyAuth:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         try:
             ctx.key, ctx.project = await self.keys.authenticate(presented_key(Headers(scope=scope)))
         except GatewayError as error:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.endpoint import ANY_VALID_KEY
 from model_gateway.pipeline.errors import InsufficientScope, send_error
 
@@ -19,7 +19,10 @@ class KeyScope:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         assert ctx.endpoint is not None
         needed = ctx.endpoint.scope
         if needed != ANY_VALID_KEY and ctx.key is not None and needed not in ctx.key.scopes:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.ports import RequestObserver
 
 CLIENT_CLOSED_REQUEST = 499
@@ -27,7 +27,8 @@ class Observe:
         self.observers = tuple(observers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.observers:
+        ctx = request_context(scope)
+        if ctx is None or not self.observers:  # (None: not one of the chain's requests)
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -46,7 +47,6 @@ class Observe:
             await self.app(scope, receive, send_observed)
         finally:
             seconds = time.perf_counter() - started
-            ctx = context_of(scope)
             # (A server reports a disconnect to whoever listens once a response is sent:
             # only a client that left before is one that closed the request.)
             if ctx.client_left and not sent:

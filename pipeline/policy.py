@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import RequestContext, context_of
+from model_gateway.pipeline.context import RequestContext, request_context
 from model_gateway.pipeline.errors import (
     GatewayError,
     InvalidRequest,
@@ -38,7 +38,10 @@ class Policy:
         self.catalog = catalog
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         assert ctx.endpoint is not None
         if ctx.endpoint.decode is not None:
             try:

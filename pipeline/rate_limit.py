@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.errors import GatewayError, RateLimitExceeded, send_error
 from model_gateway.pipeline.ports import RateLimiter
 
@@ -26,7 +26,10 @@ class RateLimit:
         self.default_project_rpm = default_project_rpm
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         project = ctx.project
         assert project is not None
         buckets = [(project.id, project.rpm or self.default_project_rpm)]

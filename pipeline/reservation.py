@@ -17,7 +17,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.errors import GatewayError, send_error
 from model_gateway.pipeline.hold import Hold
 from model_gateway.pipeline.ports import Meter
@@ -36,7 +36,10 @@ class Reservation:
         self.meter = meter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         assert ctx.endpoint is not None and ctx.project is not None
         pricing = ctx.endpoint.pricing
         if pricing is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.pipeline.context import context_of
+from model_gateway.pipeline.context import request_context
 from model_gateway.pipeline.endpoint import PUBLIC, RouteTable
 from model_gateway.pipeline.errors import MethodNotAllowed, NotFound, send_error
 
@@ -23,6 +23,21 @@ def route_path(scope: Scope) -> str:
     return path
 
 
+async def answer_foreign_scope(scope: Scope, receive: Receive, send: Send) -> None:
+    """What a terminal stage does with a scope that is not one of the chain's requests, as
+    Starlette's router does with what it does not route: a websocket is closed, a lifespan
+    completes (the pipeline itself has nothing to start), an HTTP request that did not
+    come through the request id stage is 404."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1000})
+    elif scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+    elif scope["type"] == "http":
+        await send_error(send, NotFound("No endpoint exists at this path."), None)
+
+
 class Routing:
     def __init__(self, *, table: RouteTable, public: ASGIApp, keyed: ASGIApp) -> None:
         self.table = table
@@ -30,7 +45,10 @@ class Routing:
         self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:
+            await answer_foreign_scope(scope, receive, send)
+            return
         path = route_path(scope)
         found = self.table.match(path)
         if found is None:

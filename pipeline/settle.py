@@ -19,7 +19,7 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_gateway.pipeline.context import RequestContext, Settlement, context_of
+from model_gateway.pipeline.context import RequestContext, Settlement, request_context
 
 log = logging.getLogger("gateway.metering")
 
@@ -55,7 +55,10 @@ class Settle:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        ctx = request_context(scope)
+        if ctx is None:  # not one of the chain's requests: passed on untouched
+            await self.app(scope, receive, send)
+            return
         if ctx.hold is None:
             await self.app(scope, receive, send)
             return
