@@ -38,13 +38,17 @@ lint: $(STAMP) $(PKG_PATH)/model_gateway
 	$(BIN)/mypy  # strict on pipeline/ and storage/ (pyproject.toml)
 
 # One executable holding the server, the CLI and the sandbox node (`make dist DIST=folder`).
+# --collect-data takes every file of a package that is not Python (the console's static
+# folder, the migrations, whatever is added later), found, not listed here. It looks the
+# packages up before --paths applies: PYTHONPATH puts the link ahead of the editable
+# install's finder, whose folders (./storage, not .../model_gateway/storage) would place
+# the files at the archive's root.
 DIST ?= dist
+DIST_PACKAGES := model_gateway.gateway model_gateway.storage model_gateway.pipeline
 dist: $(STAMP) $(PKG_PATH)/model_gateway
 	$(BIN)/pip install --quiet 'pyinstaller>=6.10'
-	$(BIN)/pyinstaller --onefile --name gateway --paths $(PKG_PATH) --log-level WARN \
-		--add-data $(CURDIR)/storage/migrations:model_gateway/storage/migrations \
-		--collect-submodules model_gateway.gateway \
-		--collect-submodules model_gateway.storage --collect-submodules model_gateway.pipeline \
+	PYTHONPATH=$(PKG_PATH) $(BIN)/pyinstaller --onefile --name gateway --paths $(PKG_PATH) --log-level WARN \
+		$(foreach p,$(DIST_PACKAGES),--collect-submodules $(p) --collect-data $(p)) \
 		--collect-submodules uvicorn --hidden-import uvloop --hidden-import httptools \
 		--distpath $(DIST) --workpath $(DIST)/.build --specpath $(DIST)/.build $(CURDIR)/gateway/__main__.py
 

@@ -1,10 +1,12 @@
 """`make dist` builds one executable; copied alone into an empty folder, with no virtualenv
-and a bare PATH, it serves the embedded defaults and passes the README's first requests."""
+and a bare PATH, it serves the embedded defaults, passes the README's first requests and
+serves its console (sign-in, script and style: the package's data files are inside)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,17 +37,40 @@ def binary(tmp_path_factory) -> Path:
     return built / "gateway"
 
 
-def run(folder: Path, *args: str) -> dict:
+def run(folder: Path, *args: str, input: str | None = None) -> dict:
     done = subprocess.run(
         ["./gateway", *args, "--json"],
         cwd=folder,
         env=BARE_ENV,
+        input=input,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+CONSOLE_ASSETS = {  # what the page links to, and the content type it must be served with
+    r'<script src="([^"]+)"': "text/javascript",
+    r'<link rel="stylesheet" href="([^"]+)"': "text/css",
+}
+
+
+def check_the_console(url: str, email: str, password: str) -> None:
+    """Sign in, open the console's first page, and load the script and style it links."""
+    with httpx.Client(base_url=url, timeout=30) as console:
+        signed_in = console.post("/console/api/login", json={"email": email, "password": password})
+        assert signed_in.status_code == 200, signed_in.text
+        page = console.get("/console", follow_redirects=True)
+        assert page.status_code == 200 and email in page.text
+        for pattern, content_type in CONSOLE_ASSETS.items():
+            path = re.search(pattern, page.text).group(1)
+            asset = console.get(path)
+            assert asset.status_code == 200, (path, asset.text)
+            assert asset.headers["content-type"].startswith(content_type), asset.headers
+            shipped = ROOT / "gateway" / "console" / "static" / path.rsplit("/", 1)[-1]
+            assert asset.content == shipped.read_bytes()
 
 
 def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
@@ -56,6 +81,8 @@ def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
     key = run(folder, "keys", "create", "--project", project, "--scopes", "inference,receipts")[
         "key"
     ]
+    password = "correct horse battery staple"
+    run(folder, "users", "create", "owner@example.com", "--password-stdin", input=password + "\n")
     port = free_port()
     server = subprocess.Popen(
         ["./gateway", "serve", "--port", str(port)],
@@ -91,6 +118,7 @@ def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
             headers={"Authorization": f"Bearer {key}"},
         )
         assert receipt.status_code == 200 and receipt.json()["status"] == "succeeded"
+        check_the_console(url, "owner@example.com", password)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=20)
