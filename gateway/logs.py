@@ -24,6 +24,7 @@ from urllib.parse import quote
 import orjson
 
 from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.terminal import SafeStream
 from model_gateway.pipeline.context import RequestContext
 
 access = logging.getLogger("gateway.access")
@@ -68,7 +69,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(log_format: Literal["text", "json"], level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    # Escaped: a message may quote what a client sent (the children have no other guard).
+    handler = logging.StreamHandler(SafeStream(sys.stderr))
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     )

@@ -30,7 +30,7 @@ def escape(text: str) -> str:
     return _CONTROLS.sub(_escaped, text)
 
 
-class _SafeStream:
+class SafeStream:
     """A text stream that escapes every control character but the newline that ends
     lines, for everything written through it (records, errors, logs, tracebacks)."""
 
@@ -50,7 +50,7 @@ def safe_output() -> Iterator[None]:
     """sys.stdout and sys.stderr escape control characters while the block runs: the one
     boundary every command's output crosses, whatever prints it."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _SafeStream(sys.stdout), _SafeStream(sys.stderr)
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
         yield
     finally:
