@@ -105,8 +105,6 @@ class StorageMeter:
         self.lease_s = lease_s
         self.instance = instance  # None: never fenced (embedded without a registry)
         self.on_settling = on_settling  # each receipt as it is stored (the log: no read-back)
-        # Nothing here has a timeout of its own: whether the storage's calls do decides.
-        self.runs_in_caller = not storage.self_cancelling
         self.open_holds = 0  # this process's holds not yet settled or released
         self._sweeper: asyncio.Task[None] | None = None
         # Holds whose release failed (storage locked, gone): retried by the sweeper, so a

@@ -71,8 +71,6 @@ class MemoryReservation:
 class MemoryMeter:
     """`Meter` over the projects' balances and budgets and the keys' monthly limits."""
 
-    runs_in_caller = True  # its calls cancel nothing (ports.Meter)
-
     def __init__(self, projects: Mapping[str, Project], keys: Mapping[str, Key]) -> None:
         self.projects = projects
         self.key_limits = {key.id: key.monthly_limit for key in keys.values()}

@@ -84,11 +84,8 @@ class Reserved(Protocol):
 
 
 class Meter(Protocol):
-    """Holds and charges money. A meter whose calls never cancel the task that awaits
-    them (no timeout or cancel scope of their own) may say so with a true attribute
-    `runs_in_caller`: a hold then runs its calls in the caller's task instead of a task of
-    their own (pipeline/hold.py), about 5% of a metered request's instructions. A cancel
-    that such a call made for itself would be taken for its caller's and never reach it."""
+    """Holds and charges money. A hold runs each call in a task of its own, to its end
+    whatever cancels the caller (pipeline/hold.py)."""
 
     async def reserve(
         self, project_id: str, key_id: str | None, amount: int, *, watched: bool = False

@@ -1,8 +1,5 @@
 """The hold closes exactly once even when its task is cancelled the asyncio way
-(`task.cancel()`, as dispatch does when a client disconnects), not only by anyio scopes.
-
-Each test runs twice: with the meter's calls in a task of their own, and stepped in the
-caller's task (a meter with `runs_in_caller`, pipeline/ports.py)."""
+(`task.cancel()`, as dispatch does when a client disconnects), not only by anyio scopes."""
 
 from __future__ import annotations
 
@@ -38,11 +35,9 @@ def settlement(cost: int) -> Settlement:
     )  # fmt: skip
 
 
-@pytest.fixture(params=[True, False], ids=["in the caller", "in a task"])
-def meter(request) -> SlowMeter:
-    meter = SlowMeter({"p": Project("p", balance=1_000)}, {})
-    meter.runs_in_caller = request.param
-    return meter
+@pytest.fixture
+def meter() -> SlowMeter:
+    return SlowMeter({"p": Project("p", balance=1_000)}, {})
 
 
 async def test_a_settle_cancelled_midway_still_completes_then_the_cancel_goes_on(meter):
@@ -124,20 +119,6 @@ async def test_a_bare_yield_in_the_meter_gives_the_loop_a_turn(meter):
     asyncio.get_running_loop().call_soon(ran.append, "loop")
     hold = await Hold.take(meter, "p", None, 600)
     assert ran == ["loop", "meter"] and hold.amount == 600
-
-
-async def test_calls_run_in_the_callers_task_only_when_the_meter_says_so(meter):
-    tasks: list[asyncio.Task | None] = []
-
-    class Watching(type(meter)):
-        async def reserve(self, project_id, key_id, amount, *, watched=False):
-            tasks.append(asyncio.current_task())
-            await asyncio.sleep(0.001)
-            return await super().reserve(project_id, key_id, amount)
-
-    meter.__class__ = Watching
-    await Hold.take(meter, "p", None, 600)
-    assert (tasks == [asyncio.current_task()]) is meter.runs_in_caller
 
 
 async def test_a_settle_that_raised_is_never_tried_again_and_the_release_frees_the_money(meter):
