@@ -19,7 +19,7 @@ from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from model_gateway.storage import StateConflict
+from model_gateway.storage import PayerAddressTaken, StateConflict
 
 _PROJECT = "/console/api/projects/{project_id}"
 MEMBER_PATCH_FIELDS = frozenset({"name"})  # what a member may PATCH (decisions, Hardening III)
@@ -91,9 +91,16 @@ def routes(console) -> list[Endpoint]:
             changes["exclude_models"] = []  # null clears the exclusions
         require_active(found)
         try:
-            updated = await storage.update_project(found.id, changes)
+            # The payers first: one another project holds refuses the whole change.
             if payers is not None:
                 await storage.set_payer_addresses(found.id, payers)
+            updated = await storage.update_project(found.id, changes)
+        except PayerAddressTaken:
+            raise Conflict(
+                "Another project has registered this payer address: an address pays for one"
+                " project only.",
+                param="payer_addresses",
+            ) from None
         except StateConflict:
             raise Conflict("The project is archived: it is read-only.") from None
         return json_response(await confirmed(await project_view(storage, updated)))

@@ -157,8 +157,13 @@ def test_an_address_belongs_to_one_project(chain, buyer):
     thief = client.post("/console/api/projects", {"name": "thief"}).json()["id"]
     mine = address()
     assert client.patch(f"/console/api/projects/{thief}", {"payer_addresses": [mine]}).is_success
-    taken = client.patch(f"/console/api/projects/{thief}", {"payer_addresses": [mine, payer]})
+    taken = client.patch(
+        f"/console/api/projects/{thief}", {"payer_addresses": [mine, payer], "rpm": 7}
+    )
     assert taken.status_code == 409 and error_type(taken) == "conflict", taken.text
+    assert taken.json()["error"]["param"] == "payer_addresses"
+    assert "archived" not in taken.json()["error"]["message"]  # it is not
+    assert client.get(f"/console/api/projects/{thief}").json()["rpm"] != 7  # nothing changed
     assert client.get(f"/console/api/projects/{thief}").json()["payer_addresses"] == [mine]
     tx = chain.transfer(TOKEN, payer, TREASURY, 1_000_000, block=chain.head - 10)
     assert _buy(client, thief, tx).status_code == 403
