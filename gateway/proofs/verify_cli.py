@@ -41,8 +41,8 @@ _KEY_SOURCES = {
     "argument": "given with --key",
     "keys_url": "published at --keys-url",
     "config": "the deployment's own signing key",
-    "server": f"fetched from the server (trust on first use; {_NOT_TRUSTED})",
-    "document": f"named by the document itself ({_NOT_TRUSTED})",
+    "server": f"fetched from the server (trust on first use), {_NOT_TRUSTED}",
+    "document": f"named by the document itself, {_NOT_TRUSTED}",
 }
 _TRUSTED_SOURCES = frozenset({"argument", "keys_url", "config"})
 # host:port/... with no scheme: what an operator copies from a log line or a browser bar.
