@@ -29,9 +29,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import redis
 
-from model_gateway.gateway.limiter import LocalGcra, StoreHealth
-from model_gateway.gateway.postgres_limiter import PostgresGcra
-from model_gateway.gateway.redis_limiter import RedisGcra
+from model_gateway.gateway.ratelimit.limiters import LocalGcra
+from model_gateway.gateway.ratelimit.postgres_gcra import PostgresGcra
+from model_gateway.gateway.ratelimit.redis_gcra import RedisGcra
+from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.storage import open_storage
 
 NEVER_REFUSES = 100_000_000  # rpm: an interval of 1 µs

@@ -19,7 +19,6 @@ from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.instance import Instance
 from model_gateway.gateway.keyring import KeyRing
 from model_gateway.gateway.leased_meter import LeasedMeter
-from model_gateway.gateway.limiter import Limiter, open_limiter
 from model_gateway.gateway.logs import AccessLog
 from model_gateway.gateway.metering import StorageMeter, process_owner
 from model_gateway.gateway.metrics import Metrics
@@ -28,6 +27,7 @@ from model_gateway.gateway.proofs.log import TransparencyLog
 from model_gateway.gateway.proofs.log_key import SigningKey, load_or_create_signing_key
 from model_gateway.gateway.proofs.log_process import LogProcess
 from model_gateway.gateway.providers import Providers
+from model_gateway.gateway.ratelimit.limiters import Limiter, open_limiter
 from model_gateway.gateway.sandbox.executions import SandboxExecutions
 from model_gateway.gateway.secretfile import load_or_create_secret
 from model_gateway.gateway.summary import startup_summary

@@ -82,7 +82,7 @@ class LimitsConfig(_Section):
 
 
 class RateLimitConfig(_Section):
-    # Where the requests-per-minute buckets live, shared by every instance (gateway.limiter).
+    # Where the requests-per-minute buckets live, shared by every instance (gateway.ratelimit).
     # Unset: in PostgreSQL when it is the storage, in this process's memory with SQLite.
     url: str | None = None  # redis://[user:password@]host:6379[/db] or rediss://
     prefix: str = "gateway:rl:"  # of the Redis keys, so deployments can share a server

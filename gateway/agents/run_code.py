@@ -3,14 +3,13 @@ program's result as the tool message the model reads next."""
 
 from __future__ import annotations
 
-from typing import Annotated, get_args
+from typing import Annotated
 
 import msgspec
 
-from model_gateway.gateway.sandbox.executions import Runtime
+from model_gateway.gateway.sandbox.runtimes import RUNTIMES, Runtime
 
 RUN_CODE = "run_code"
-RUNTIMES: tuple[str, ...] = get_args(Runtime)
 
 DEFINITION = {
     "type": "function",

@@ -16,8 +16,8 @@ from model_gateway.gateway.agents.agent_views import (
     decode_run_request,
     run_view,
 )
+from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import project_of, visible_project
-from model_gateway.gateway.console.mount import SESSION, Call
 from model_gateway.gateway.console.payload import whole_number
 from model_gateway.gateway.console.views import page
 from model_gateway.gateway.json_response import json_response

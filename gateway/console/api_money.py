@@ -8,12 +8,12 @@ from datetime import UTC, date, datetime, timedelta
 from model_gateway.gateway import cli
 from model_gateway.gateway.api import receipt_view
 from model_gateway.gateway.console import records
+from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import (
     project_of,
     require_active,
     require_owner,
 )
-from model_gateway.gateway.console.mount import SESSION, Call
 from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
 from model_gateway.gateway.console.views import ledger_view, page, payment_view
 from model_gateway.gateway.json_response import json_response

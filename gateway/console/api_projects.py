@@ -5,13 +5,13 @@ from __future__ import annotations
 from model_gateway.gateway import cli
 from model_gateway.gateway.admin_confirm import confirm_admin_change
 from model_gateway.gateway.console import records
+from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import (
     project_of,
     require_active,
     require_owner,
     visible_project,
 )
-from model_gateway.gateway.console.mount import SESSION, Call
 from model_gateway.gateway.console.onchain import address_of
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.gateway.console.views import iso, page

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from model_gateway.gateway import cli
 from model_gateway.gateway.console.api_money import BALANCE_FULL
+from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import project_of, require_active
-from model_gateway.gateway.console.mount import SESSION, Call
 from model_gateway.gateway.console.onchain import (
     RETRY_S,
     AwaitingConfirmations,

@@ -3,7 +3,7 @@ sign-in both the JSON endpoint and the sign-in form (without JavaScript) go thro
 
 from __future__ import annotations
 
-from model_gateway.gateway.console.mount import SESSION, Call, no_content
+from model_gateway.gateway.console.call import SESSION, Call, no_content
 from model_gateway.gateway.console.passwords import check_password
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.gateway.console.views import user_view

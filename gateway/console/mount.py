@@ -4,15 +4,21 @@ playground, which is the /v1 request path with the session as its principal."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from urllib.parse import parse_qsl
 
-import orjson
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from model_gateway.gateway.console import (
+    api_agents,
+    api_money,
+    api_projects,
+    api_purchases,
+    api_session,
+    pages,
+)
+from model_gateway.gateway.console.call import Call
 from model_gateway.gateway.console.guard import (
     PLAYGROUND_PROJECT,
     SessionAuth,
@@ -28,7 +34,6 @@ from model_gateway.pipeline.endpoint import PUBLIC, Endpoint, RouteTable
 from model_gateway.pipeline.errors import (
     Conflict,
     GatewayError,
-    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     Unauthenticated,
@@ -39,10 +44,6 @@ from model_gateway.pipeline.request_id import RequestId
 from model_gateway.pipeline.routing import route_path
 from model_gateway.storage.base import RecordNotFound, StateConflict, UserRecord, now_s
 
-SESSION = "session"  # a JSON endpoint: 401 without a session
-PAGE = "page"  # an HTML page: 303 to the sign-in page without a session
-MAX_BODY_BYTES = 64 * 1024
-
 # The three playground paths and the /v1 endpoint each one runs.
 _PLAYGROUND = re.compile(
     r"^/console/api/projects/(?P<project>[^/]+)/playground"
@@ -50,59 +51,10 @@ _PLAYGROUND = re.compile(
 )
 
 
-@dataclass(slots=True)
-class Call:
-    """One console request as a handler sees it."""
-
-    request: Request
-    user: UserRecord | None
-    params: dict[str, str]
-    request_id: str
-
-    async def body(self, content_type: str = "application/json") -> bytes:
-        """The raw body (400 for another content type or a body over the limit)."""
-        sent = self.request.headers.get("content-type", "").split(";")[0].strip()
-        if sent.lower() != content_type:
-            raise InvalidRequest(f"Content-Type must be {content_type}.", param="Content-Type")
-        body = b""
-        async for chunk in self.request.stream():
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise InvalidRequest("The request body is too large.")
-        return body
-
-    async def json(self) -> dict:
-        body = await self.body()
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise InvalidRequest("The body is not valid JSON.") from None
-        if not isinstance(value, dict):
-            raise InvalidRequest("The body must be a JSON object.")
-        return value
-
-    async def form(self) -> dict[str, str]:
-        """A form's fields, as a browser without JavaScript posts them (the sign-in form)."""
-        body = await self.body("application/x-www-form-urlencoded")
-        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-
-    def query(self, name: str) -> str | None:
-        return self.request.query_params.get(name)
-
-
 class Console:
     """The console's parts over a started gateway."""
 
     def __init__(self, gateway) -> None:
-        from model_gateway.gateway.console import (
-            api_agents,
-            api_money,
-            api_projects,
-            api_purchases,
-            api_session,
-            pages,
-        )
-
         self.gateway = gateway
         self.config = gateway.config
         self.storage = gateway.storage
@@ -181,9 +133,7 @@ class Console:
             if is_api:
                 await send_error(send, error, ctx.request_id)
             else:
-                from model_gateway.gateway.console.pages import error_page
-
-                await error_page(error)(scope, receive, send)
+                await pages.error_page(error)(scope, receive, send)
             return
         await response(scope, receive, send)
 
@@ -230,7 +180,3 @@ class ConsoleMount:
 
 def mount_console(gateway, main: ASGIApp) -> ASGIApp:
     return ConsoleMount(Console(gateway), main)
-
-
-def no_content(headers: dict[str, str] | None = None) -> Response:
-    return Response(status_code=204, headers=headers)

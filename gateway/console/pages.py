@@ -18,8 +18,8 @@ from model_gateway.gateway.console import (
     pages_tools,
 )
 from model_gateway.gateway.console.api_session import sign_in
+from model_gateway.gateway.console.call import PAGE, Call
 from model_gateway.gateway.console.html import amount_html, api_form, esc, field, page, table
-from model_gateway.gateway.console.mount import PAGE, Call
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
 from model_gateway.pipeline.errors import GatewayError, NotFound

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from model_gateway.gateway.agents.agent_views import agent_view, run_view
 from model_gateway.gateway.console.api_agents import visible_agent, visible_run
+from model_gateway.gateway.console.call import PAGE, Call
 from model_gateway.gateway.console.guard import project_of, visible_project
 from model_gateway.gateway.console.html import (
     amount_html,
@@ -16,7 +17,6 @@ from model_gateway.gateway.console.html import (
     short_time,
     table,
 )
-from model_gateway.gateway.console.mount import PAGE, Call
 from model_gateway.gateway.console.pages_tools import model_options
 from model_gateway.gateway.console.run_html import run_body
 from model_gateway.pipeline.endpoint import Endpoint

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from model_gateway.gateway.api import receipt_view
 from model_gateway.gateway.console.api_money import month_bounds, usage_report
+from model_gateway.gateway.console.call import PAGE, Call
 from model_gateway.gateway.console.chart import cost_chart
 from model_gateway.gateway.console.guard import project_of
 from model_gateway.gateway.console.html import (
@@ -18,7 +19,6 @@ from model_gateway.gateway.console.html import (
     short_time,
     table,
 )
-from model_gateway.gateway.console.mount import PAGE, Call
 from model_gateway.gateway.console.payload import query_cursor, query_date
 from model_gateway.gateway.console.views import ledger_view
 from model_gateway.gateway.money import parse_amount

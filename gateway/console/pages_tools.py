@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from model_gateway.gateway.console.call import PAGE, Call
 from model_gateway.gateway.console.guard import project_of
 from model_gateway.gateway.console.html import (
     api_form,
@@ -10,7 +11,6 @@ from model_gateway.gateway.console.html import (
     project_page,
     table,
 )
-from model_gateway.gateway.console.mount import PAGE, Call
 from model_gateway.pipeline.endpoint import Endpoint
 
 _P = "/console/projects/{project_id}"

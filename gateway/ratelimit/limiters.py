@@ -1,7 +1,7 @@
 """Which rate limiter serves: requests per minute exact across every instance of a deployment.
 
-`[ratelimit] url = "redis://..."`: the buckets live in Redis (gateway.redis_limiter), whatever
-the storage. Otherwise in PostgreSQL when it is the storage (gateway.postgres_limiter), and
+`[ratelimit] url = "redis://..."`: the buckets live in Redis (redis_gcra), whatever the
+storage. Otherwise in PostgreSQL when it is the storage (postgres_gcra), and
 in this process's memory with SQLite, which one process serves. All three are GCRA with
 one meaning (tests/ratelimit/test_conformance.py). A shared store that does not answer
 gives 503 service_unavailable: never a request let through unchecked, never a 500.
@@ -14,14 +14,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from model_gateway.gateway.config import Config
+from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.gateway.summary import redacted_storage_url
-from model_gateway.pipeline.errors import ServiceUnavailable
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.storage import Storage
 
 log = logging.getLogger("gateway")
-
-RETRY_AFTER_S = 1
 
 
 class Limiter(Protocol):
@@ -36,35 +34,11 @@ class LocalGcra(Gcra):
         """Nothing to release: the buckets go with the process."""
 
 
-class StoreHealth:
-    """One log line when a shared store stops answering and one when it is back, not one
-    per request; the refusal the client gets meanwhile."""
-
-    def __init__(self, store: str) -> None:
-        self.store = store
-        self.failing = False
-
-    def failed(self, reason: object) -> ServiceUnavailable:
-        if not self.failing:
-            log.warning(
-                "rate limits: %s is not answering (%s); keyed requests get 503 until it is",
-                self.store,
-                reason,
-            )
-            self.failing = True
-        return ServiceUnavailable(
-            "Rate limits cannot be checked right now.", retry_after=RETRY_AFTER_S
-        )
-
-    def answered(self) -> None:
-        if self.failing:
-            log.warning("rate limits: %s answers again", self.store)
-            self.failing = False
-
-
 async def open_limiter(config: Config, storage: Storage) -> Limiter:
     if config.ratelimit.url is not None:
-        from model_gateway.gateway.redis_limiter import RedisGcra  # imports redis only if used
+        from model_gateway.gateway.ratelimit.redis_gcra import (
+            RedisGcra,  # imports redis only if used
+        )
 
         where = redacted_storage_url(config.ratelimit.url)
         limiter = RedisGcra(config.ratelimit.url, config.ratelimit.prefix, StoreHealth(where))
@@ -72,7 +46,7 @@ async def open_limiter(config: Config, storage: Storage) -> Limiter:
         log.info("rate limits: shared in Redis at %s", where)
         return limiter
     if hasattr(storage, "take_rate_limits"):  # PostgreSQL (not imported with SQLite)
-        from model_gateway.gateway.postgres_limiter import PostgresGcra
+        from model_gateway.gateway.ratelimit.postgres_gcra import PostgresGcra
 
         log.info("rate limits: shared in PostgreSQL")
         return PostgresGcra(storage, StoreHealth("PostgreSQL"))

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from model_gateway.gateway.limiter import StoreHealth
+from model_gateway.gateway.ratelimit.store_health import StoreHealth
 
 TIMEOUT_S = 1.0  # a Redis that does not answer within this costs a 503, not a hung request
 

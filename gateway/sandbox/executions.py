@@ -39,6 +39,7 @@ from starlette.responses import Response
 from model_gateway.gateway.pricing import SandboxPricing
 from model_gateway.gateway.sandbox.client import NodeBusy, NodeError, NodeUnreachable
 from model_gateway.gateway.sandbox.pool import NodePool, SandboxNode
+from model_gateway.gateway.sandbox.runtimes import Runtime
 from model_gateway.pipeline.context import Billing, Outcome
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import (
@@ -64,8 +65,6 @@ CAPACITY_RETRY_AFTER_S = 5
 # the node's connection is closed, which stops the run on the node as well.
 STOP_WAIT_S = 10.0
 _JSON = JSON_CONTENT_TYPE.decode()
-
-Runtime = Literal["python", "node", "bash"]
 
 
 class ExecutionRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from model_gateway.gateway.limiter import StoreHealth
-from model_gateway.gateway.redis_limiter import RedisGcra
+from model_gateway.gateway.ratelimit.redis_gcra import RedisGcra
+from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.storage import open_storage
 

@@ -35,7 +35,7 @@ async def home(request):
 
 
 def embedded_app() -> Starlette:
-    from model_gateway.gateway import create_app
+    from model_gateway.gateway.app import create_app
     from model_gateway.gateway.config import load_config
 
     gateway = create_app(load_config(os.environ["GATEWAY_CONFIG"]))

@@ -1,0 +1,1 @@
+"""Requests-per-minute limits: in memory, in PostgreSQL, or in Redis (`[ratelimit]`)."""
