@@ -1,4 +1,4 @@
-"""`gateway.create_app(config)` mounted under /llm in a host Starlette app, on uvicorn."""
+"""`gateway.app.create_app(config)` mounted under /llm in a host Starlette app, on uvicorn."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from model_gateway import gateway
+from model_gateway.gateway.app import create_app
 from model_gateway.gateway.config import load_config
 from tests.console.support import PASSWORD, create_user
 from tests.support.errors import assert_error
@@ -36,7 +36,7 @@ async def host_home(request):
 @contextlib.asynccontextmanager
 async def host_serving(deployment):
     """The host app, with the gateway mounted under /llm, on uvicorn: a client of it."""
-    app = gateway.create_app(load_config(deployment.config_path))
+    app = create_app(load_config(deployment.config_path))
     host = Starlette(routes=[Route("/", host_home), Mount("/llm", app=app)], lifespan=app.lifespan)
     port = free_port()
     server = uvicorn.Server(

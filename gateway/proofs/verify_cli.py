@@ -4,7 +4,8 @@ Checks a proof document offline: the receipt signature, the inclusion proof and 
 tree head, against the first key found of:
 
 - `--key HEX`: the key given (best: obtained from the operator by another channel);
-- `--keys-url URL`: the key published there, a place the user chose;
+- `--keys-url URL`: the key published there (fetched, so not trusted: decisions.md trusts
+  only `--key` and the deployment's own key);
 - the deployment's own signing key, found through its config (`--config`,
   `GATEWAY_CONFIG`, `./config.toml`): the operator checking their own receipts;
 - for a URL, the key the same server publishes at /api/proofs/keys; for a file, the key
@@ -44,7 +45,7 @@ _KEY_SOURCES = {
     "server": f"fetched from the server (trust on first use), {_NOT_TRUSTED}",
     "document": f"named by the document itself, {_NOT_TRUSTED}",
 }
-_TRUSTED_SOURCES = frozenset({"argument", "keys_url", "config"})
+_TRUSTED_SOURCES = frozenset({"argument", "config"})
 # host:port/... with no scheme: what an operator copies from a log line or a browser bar.
 _HOST_AND_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}(/|\Z)")
 

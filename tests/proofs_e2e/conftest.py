@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -61,8 +63,17 @@ def wait_proof(http: httpx.Client, receipt_id: str) -> dict:
 
 def verify(*args: str) -> tuple[int, dict | None, str]:
     """`gateway verify ARGS`: (exit code, the --json object or None, all text output)."""
+    # Run from a folder without a config.toml, and without GATEWAY_CONFIG: the checkout's
+    # own config (and a signing key `make run` made there) must not become the trusted key.
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_CONFIG"}
     done = subprocess.run(
-        [GATEWAY, "verify", *args], capture_output=True, text=True, timeout=30, check=False
+        [GATEWAY, "verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tempfile.gettempdir(),
+        env=env,
     )
     parsed = orjson.loads(done.stdout) if "--json" in args and done.stdout.strip() else None
     return done.returncode, parsed, done.stdout + done.stderr

@@ -38,8 +38,8 @@ def test_a_billed_chat_has_a_proof_that_gateway_verify_accepts(gateway, http, cu
     assert doc["receipt"]["issued_at"] == owned["created_at"]
 
     code, report, output = verify(f"{gateway.url}/api/proofs/{receipt_id}", "--json")
-    assert code == 0, output
-    assert report["ok"] is True
+    assert code == 3, output  # valid, against a key that is trust on first use only
+    assert report["ok"] is True and report["key_trusted"] is False
     assert report["reasons"] == []
     assert report["receipt_id"] == receipt_id
     assert report["key_source"] == "server"
@@ -47,8 +47,8 @@ def test_a_billed_chat_has_a_proof_that_gateway_verify_accepts(gateway, http, cu
     assert "trust on first use" in report["key_source_detail"]
 
     code, _, output = verify(f"{gateway.url}/api/proofs/{receipt_id}")
-    assert code == 0, output
-    assert output.startswith(f"OK: receipt {receipt_id}")
+    assert code == 3, output
+    assert output.startswith(f"signature valid, key not trusted: receipt {receipt_id}")
     assert "fetched from the server (trust on first use)" in output
 
 
@@ -57,7 +57,7 @@ def test_the_page_url_verifies_too(gateway, http, customer):
     wait_proof(http, receipt_id)
     # gateway verify asks for JSON; the page answers the document then.
     code, report, output = verify(f"{gateway.url}/proofs/{receipt_id}", "--json")
-    assert code == 0, output
+    assert code == 3, output  # the server's own key: valid, not trusted
     assert report["ok"] and report["key_source"] == "server"
 
 
