@@ -39,8 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from model_gateway.storage import ProjectRecord, ReceiptRecord, ReservationRecord, open_storage
-from model_gateway.storage import sqlite as sqlite_backend
 from model_gateway.storage.base import KeyRecord
+from model_gateway.storage.sqlite import connection as sqlite_backend  # _pragmas reads it
 
 MONTH = "2026-11"
 

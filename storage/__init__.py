@@ -1,4 +1,8 @@
-"""Pluggable storage: `open_storage(url)` picks the backend from the URL scheme."""
+"""Pluggable storage: `open_storage(url)` picks the backend from the URL scheme.
+
+The interface is `Storage` (storage/base.py), the union of one port per domain
+(storage/ports.py): a consumer that needs one domain can be typed with its port alone.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,16 @@ from model_gateway.storage.base import (
     Storage,
     StorageError,
     TreeHeadRecord,
+)
+from model_gateway.storage.ports import (
+    AccountsPort,
+    AgentsPort,
+    ClusterPort,
+    ConsolePort,
+    LedgerPort,
+    LifecyclePort,
+    LogPort,
+    RateLimitPort,
 )
 
 # Import strings, so that a driver is imported only when its backend is used.
@@ -43,12 +57,20 @@ async def open_storage(url: str) -> Storage:
 
 __all__ = [
     "Account",
+    "AccountsPort",
+    "AgentsPort",
     "AmountOverflow",
+    "ClusterPort",
+    "ConsolePort",
     "KeyRecord",
+    "LedgerPort",
+    "LifecyclePort",
     "LimitReached",
     "LogLeaf",
+    "LogPort",
     "PayerAddressTaken",
     "ProjectRecord",
+    "RateLimitPort",
     "ReceiptRecord",
     "RecordNotFound",
     "ReservationRecord",

@@ -98,30 +98,46 @@ def _translates_by_hand(handler: ast.ExceptHandler, namespace: dict, driver: tup
     return False
 
 
+def backend_parts(cls: type[Storage]) -> list[type[Storage]]:
+    """The classes a backend is made of: itself and every Storage subclass it inherits
+    from (a backend is the union of a class per domain, each in a module of its own)."""
+    return [part for part in cls.__mro__ if issubclass(part, Storage) and part is not Storage]
+
+
 def hand_translations(cls: type[Storage]) -> list[str]:
-    """`except` clauses inside the backend class's methods (the hook excepted) that catch
-    one of its driver exceptions."""
-    module = inspect.getmodule(cls)
-    source = Path(inspect.getsourcefile(cls)).read_text()
-    tree = ast.parse(source)
-    namespace = {**vars(builtins), **vars(module)}
+    """`except` clauses inside the methods of the backend's classes (the hook excepted)
+    that catch one of its driver exceptions."""
     driver = tuple(cls.base_exceptions)
     found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.ClassDef) and node.name == cls.__name__):
-            continue
-        for method in node.body:
-            if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+    for part in backend_parts(cls):
+        module = inspect.getmodule(part)
+        source = Path(inspect.getsourcefile(part)).read_text()
+        tree = ast.parse(source)
+        namespace = {**vars(builtins), **vars(module)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ClassDef) and node.name == part.__name__):
                 continue
-            if method.name == HOOK:
-                continue
-            for inner in ast.walk(method):
-                if isinstance(inner, ast.ExceptHandler) and _translates_by_hand(
-                    inner, namespace, driver
-                ):
-                    clause = ast.unparse(inner.type) if inner.type else "(bare)"
-                    found.append(f"{cls.__name__}.{method.name}: except {clause}")
+            for method in node.body:
+                if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                if method.name == HOOK:
+                    continue
+                for inner in ast.walk(method):
+                    if isinstance(inner, ast.ExceptHandler) and _translates_by_hand(
+                        inner, namespace, driver
+                    ):
+                        clause = ast.unparse(inner.type) if inner.type else "(bare)"
+                        found.append(f"{part.__name__}.{method.name}: except {clause}")
     return found
+
+
+@pytest.mark.parametrize("backend", BACKEND_CLASSES, ids=lambda c: c.__name__)
+def test_the_check_reads_every_domain_class_of_a_backend(backend):
+    """The backend class itself defines no method: the check must read the classes it is
+    the union of, one per domain module, and the connections' class they share."""
+    modules = {part.__module__.rsplit(".", 1)[-1] for part in backend_parts(backend)}
+    domains = {"accounts", "ledger", "log", "console", "agents", "cluster", "connection"}
+    assert domains <= modules
 
 
 @pytest.mark.parametrize("backend", BACKEND_CLASSES, ids=lambda c: c.__name__)

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from model_gateway.storage import sqlite as sqlite_module
 from model_gateway.storage.sqlite import SQLiteStorage, _read_unless_busy
+from model_gateway.storage.sqlite import connection as sqlite_module  # where `_glance` reads
 from tests.support.records import offering_meter
 
 
