@@ -25,7 +25,7 @@ from model_gateway.gateway.money import cost_of_tokens
 from tests.metering.billing import books, micros
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_process import GatewayProcess
-from tests.support.inference import read_sse, sse_payloads
+from tests.support.inference import _model, read_sse, sse_payloads
 
 DELTA = "runaway " * 2048  # 16 KiB a delta
 INPUT_PRICE, OUTPUT_PRICE = 500_000, 1_500_000  # micro-units per million tokens
@@ -197,17 +197,6 @@ def _usage(prompt: int, completion: int) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-
-
-def _model(model_id: str, provider: str, upstream: str, max_output_tokens: int = 4096) -> str:
-    return f"""
-[models."{model_id}"]
-provider = "{provider}"
-upstream = "{upstream}"
-input_price_per_mtok = "0.50"
-output_price_per_mtok = "1.50"
-max_output_tokens = {max_output_tokens}
-"""
 
 
 @pytest.fixture(scope="module")
