@@ -4,7 +4,7 @@ as many are served as the money covers, never one more, and nothing stays reserv
 
 The hold equals the cost here, so the count is exact whatever the timing: the model's
 input price is zero (the body's size bounds the prompt, not the upstream's count) and
-`max_tokens` is the number of output tokens the fake upstream reports.
+the fake upstream reports as its output every token the gateway holds for `max_tokens`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.pricing import held_output_tokens
 from model_gateway.storage import open_storage
 from tests.storage.backends import postgres_database
-from tests.support.fake_openai import FakeOpenAI
-from tests.support.fake_upstream import OUTPUT_TOKENS
+from tests.support.fake_openai import AT_THE_HOLD, FakeOpenAI
 from tests.support.gateway_process import GatewayProcess
 from tests.support.inference import OPENAI_CREDENTIAL, UPSTREAM_ENV
 
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.postgres
 
 MODEL = "exact-1"
 PER_TOKEN = 200  # micro-units per output token: "200.00" per million tokens
-HOLD = OUTPUT_TOKENS * PER_TOKEN  # = the cost of one request
+OUTPUT_LIMIT = 5
+HOLD = held_output_tokens(OUTPUT_LIMIT, OUTPUT_LIMIT) * PER_TOKEN  # = the cost of one request
 COVERED = 12  # requests the money covers
 MONEY = f"{Decimal(COVERED * HOLD) / 1_000_000}"
 REQUESTS = 60
@@ -44,7 +45,7 @@ api_key_env = "FAKE_OPENAI_KEY"
 
 [models."{MODEL}"]
 provider = "fakeai"
-upstream = "{MODEL}"
+upstream = "{AT_THE_HOLD}"
 input_price_per_mtok = "0"
 output_price_per_mtok = "{PER_TOKEN}"
 """
@@ -96,7 +97,7 @@ def audit(url: str, project_id: str) -> None:
 async def send(client: httpx.AsyncClient, url: str, key: str, stream: bool) -> httpx.Response:
     body = {
         "model": MODEL,
-        "max_tokens": OUTPUT_TOKENS,
+        "max_tokens": OUTPUT_LIMIT,
         "stream": stream,
         "messages": [{"role": "user", "content": "How much is left?"}],
     }

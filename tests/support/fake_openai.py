@@ -10,6 +10,7 @@ import time
 
 from aiohttp import web
 
+from model_gateway.gateway.pricing import held_output_tokens
 from tests.support.fake_upstream import (
     INPUT_TOKENS,
     MALFORMED,
@@ -24,11 +25,15 @@ from tests.support.fake_upstream import (
 TOOL_ARGUMENTS = ['{"city":', ' "Paris"}']
 
 
-def _chat_usage(model: str) -> dict:
+def _chat_usage(model: str, body: dict) -> dict:
+    output = OUTPUT_TOKENS
+    if model == AT_THE_HOLD:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        output = held_output_tokens(limit, limit)
     usage = {
         "prompt_tokens": INPUT_TOKENS,
-        "completion_tokens": OUTPUT_TOKENS,
-        "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+        "completion_tokens": output,
+        "total_tokens": INPUT_TOKENS + output,
     }
     return usage_for(model, usage)
 
@@ -40,6 +45,9 @@ HUGE_NUMBER = "huge-number"  # every chunk also carries 1e400, beyond a double; 
 HUGE_ANSWER = "huge-answer"  # a whole answer of 17 MiB
 REFUSAL = "refusal"  # the text as the model's refusal (`refusal`, no content)
 WHOLE_PARTS = "parts-whole-answer"  # a whole answer's text as content parts; streams: normal
+# Reports as its output every token the gateway holds for the request's limit, no more:
+# a request then costs exactly its hold (tests that count what money covers).
+AT_THE_HOLD = "at-the-hold"
 NO_USAGE = {"no-usage", PARTS, HUGE_NUMBER}
 OPENAI_MODES = [REASONING_CUT, PARTS, HUGE_NUMBER, HUGE_ANSWER, REFUSAL]
 
@@ -123,7 +131,7 @@ class FakeOpenAI(FakeUpstream):
                 ],
             }
             if model not in NO_USAGE:
-                payload["usage"] = _chat_usage(model)
+                payload["usage"] = _chat_usage(model, body)
             return await self.answer(request, model, payload)
         include_usage = (body.get("stream_options") or {}).get("include_usage")
 
@@ -154,7 +162,7 @@ class FakeOpenAI(FakeUpstream):
         events.append(chunk({}, finish))
         if include_usage and model not in NO_USAGE:
             usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model}
-            events.append(sse({**usage, "choices": [], "usage": _chat_usage(model)}))
+            events.append(sse({**usage, "choices": [], "usage": _chat_usage(model, body)}))
         events.append(b"data: [DONE]\n\n")
         return await self.stream(request, model, events, text_from=1)
 
