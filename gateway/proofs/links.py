@@ -17,7 +17,8 @@ def link_base(public_url: str | None, scope: Scope) -> str:
     """The prefix of the gateway's paths: "https://gw.example.com/llm", "/llm" or ""."""
     if public_url:
         return public_url.rstrip("/")
-    return scope.get("root_path", "").rstrip("/")
+    root_path: str = scope.get("root_path", "")
+    return root_path.rstrip("/")
 
 
 def is_absolute(base: str) -> bool:

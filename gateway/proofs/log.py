@@ -36,6 +36,8 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -44,7 +46,7 @@ from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.money import format_amount
 from model_gateway.gateway.proofs.checkpoint import DEFAULT_ORIGIN, sign_checkpoint
 from model_gateway.gateway.proofs.log_key import SigningKey, verify_signature
-from model_gateway.gateway.proofs.merkle import EMPTY_ROOT, HASH_SIZE, leaf_hash
+from model_gateway.gateway.proofs.merkle import EMPTY_ROOT, HASH_SIZE, RangeHashes, leaf_hash
 from model_gateway.gateway.proofs.receipts import (
     AnyPublicReceipt,
     ProofDocument,
@@ -62,6 +64,7 @@ from model_gateway.gateway.proofs.tiles import (
     TILE_HEIGHT,
     TiledTree,
     TileEdge,
+    TileKey,
     edge_tiles,
     tile_width_at,
     tiles_needed,
@@ -70,6 +73,8 @@ from model_gateway.storage import ReceiptRecord, Storage
 from model_gateway.storage.base import LogEntry, LogTile, StateConflict, TreeHeadRecord
 
 log = logging.getLogger("gateway.proofs")
+
+T = TypeVar("T")
 
 INTERVAL_S = 0.25
 # How often a follower catches up with the stored head and tries for the sequencer lock:
@@ -101,7 +106,7 @@ def public_receipt(record: ReceiptRecord) -> AnyPublicReceipt:
     written before salts existed (settled by the old code, not yet logged when the
     gateway was upgraded) has no commitment to publish and no body left to make one
     from: it is logged as version 1, as the code that issued it would have done."""
-    fields = {
+    fields: dict[str, object] = {
         "id": record.id,
         "issued_at": format_timestamp(record.created_at),
         "kind": record.kind,
@@ -166,7 +171,7 @@ class TransparencyLog:
         self._head: TreeHeadRecord | None = None  # the latest head known to be stored
         self._checkpoint: str | None = None  # self._head as a signed note
         self._lock = asyncio.Lock()  # one integration or reload at a time
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         # Receipts that cannot be made public, reported once, until the log passes them.
         self._skipped: set[str] = set()
         self._bundles: OrderedDict[int, list[bytes]] = OrderedDict()  # full bundles, LRU
@@ -305,7 +310,9 @@ class TransparencyLog:
             if not records:
                 return 0
             await self._catch_up()
-            entries, hashes, unloggable = [], [], []
+            entries: list[LogEntry] = []
+            hashes: list[bytes] = []
+            unloggable: list[str] = []
             for n, record in enumerate(records, 1):
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -435,7 +442,9 @@ class TransparencyLog:
             return sign_checkpoint(self.key, self.origin, 0, EMPTY_ROOT)
         return note
 
-    async def _tree(self, size: int, compute, *extra) -> tuple[TiledTree, object]:
+    async def _tree(
+        self, size: int, compute: Callable[[RangeHashes], T], *extra: TileKey
+    ) -> tuple[TiledTree, T]:
         """Run `compute(tree)` over the stored tiles of the tree of `size` (and fetch the
         `extra` tile keys with them)."""
         keys = tiles_needed(size, compute) | set(extra)

@@ -189,7 +189,9 @@ async def _run(settings: dict[str, str], stdin: asyncio.StreamReader) -> None:
         await storage.close()
 
 
-def _report(transparency_log: TransparencyLog, said: dict | None) -> dict:
+def _report(
+    transparency_log: TransparencyLog, said: dict[str, bool | int] | None
+) -> dict[str, bool | int]:
     """Tell the gateway the log's state on stdout, when it changed since `said`."""
     state = {
         "sequencer": transparency_log.sequencer,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar, cast
 
 import msgspec
 import orjson
@@ -34,19 +34,21 @@ TREE_HEAD_CONTEXT = b"model-gateway tree head v1\n"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _matching(regex: str) -> object:
+def _matching(regex: str) -> msgspec.Meta:
     # \Z, not $: a trailing newline must not pass, and Python's $ lets one through.
-    return Annotated[str, msgspec.Meta(pattern=rf"\A{regex}\Z")]
+    return msgspec.Meta(pattern=rf"\A{regex}\Z")
 
 
-Sha256Hex = _matching("[0-9a-f]{64}")
-SignatureHex = _matching("[0-9a-f]{128}")
-PublicKeyHex = _matching("[0-9a-f]{64}")
-KeyId = _matching("[0-9a-f]{16}")
-Timestamp = _matching(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-Cost = _matching(r"(0|[1-9][0-9]*)\.[0-9]{6}")
-ReceiptId = _matching("rcpt_[A-Za-z0-9_-]+")
-Count = Annotated[int, msgspec.Meta(ge=0)]
+Sha256Hex: TypeAlias = Annotated[str, _matching("[0-9a-f]{64}")]
+SignatureHex: TypeAlias = Annotated[str, _matching("[0-9a-f]{128}")]
+PublicKeyHex: TypeAlias = Annotated[str, _matching("[0-9a-f]{64}")]
+KeyId: TypeAlias = Annotated[str, _matching("[0-9a-f]{16}")]
+Timestamp: TypeAlias = Annotated[
+    str, _matching(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+]
+Cost: TypeAlias = Annotated[str, _matching(r"(0|[1-9][0-9]*)\.[0-9]{6}")]
+ReceiptId: TypeAlias = Annotated[str, _matching("rcpt_[A-Za-z0-9_-]+")]
+Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def format_timestamp(unix_micros: int) -> str:
@@ -213,4 +215,5 @@ def parse_proof_document(doc: object) -> ProofDocument[AnyPublicReceipt]:
         receipt = receipt_from_builtins(wire.receipt)
     except msgspec.ValidationError as exc:
         raise msgspec.ValidationError(f"in `$.receipt`: {exc}") from None
-    return msgspec.structs.replace(wire, receipt=receipt)
+    # replace() keeps the struct's static type; only the receipt's type parameter changes.
+    return cast(ProofDocument[AnyPublicReceipt], msgspec.structs.replace(wire, receipt=receipt))

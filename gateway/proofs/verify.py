@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import orjson
@@ -108,7 +109,7 @@ def verify_proof_document(doc: object, trusted_public_key: bytes | None = None) 
     )
 
 
-def load_document(file_or_url: str) -> dict:
+def load_document(file_or_url: str) -> dict[str, Any]:
     """The JSON object in a file, or served at an http(s) URL."""
     try:
         if file_or_url.startswith(("http://", "https://")):
@@ -129,7 +130,7 @@ def _fetch(url: str) -> bytes:
     # Accept: a proof page URL can then answer with its JSON document.
     request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
     with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_SECONDS) as response:  # noqa: S310
-        body = response.read(MAX_DOCUMENT_BYTES + 1)
+        body: bytes = response.read(MAX_DOCUMENT_BYTES + 1)
     if len(body) > MAX_DOCUMENT_BYTES:
         raise DocumentError(f"{url} serves more than {MAX_DOCUMENT_BYTES} bytes")
     return body

@@ -20,10 +20,12 @@ scheme but with a port (`localhost:8080/proofs/rcpt_...`) is an http URL.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -54,7 +56,9 @@ class _Unchecked(Exception):
     pass
 
 
-def add_parser(commands, common) -> None:
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     p = commands.add_parser(
         "verify",
         parents=[common],
@@ -94,7 +98,7 @@ def proof_location(text: str) -> str:
     return text
 
 
-def _load_proof(target: str) -> dict:
+def _load_proof(target: str) -> dict[str, Any]:
     deadline = time.monotonic() + PENDING_WAIT_S
     while True:
         try:
@@ -160,7 +164,7 @@ def _given_key(text: str) -> bytes:
     return key
 
 
-def _check(args) -> dict:
+def _check(args: argparse.Namespace) -> dict[str, Any]:
     given = None if args.key is None else _given_key(args.key)  # before any fetch
     target = proof_location(args.file_or_url)
     doc = _load_proof(target)
@@ -176,7 +180,7 @@ def _check(args) -> dict:
     if keys_url is not None:
         key = _published_key(keys_url, doc.get("key_id"))
     result = verify_proof_document(doc, key)
-    report = msgspec.to_builtins(result)
+    report: dict[str, Any] = msgspec.to_builtins(result)
     report["checked"] = True
     report["key_trusted"] = source in _TRUSTED_SOURCES
     report["key_source"] = source
@@ -189,7 +193,7 @@ def _check(args) -> dict:
     return report
 
 
-def _print_text(report: dict) -> None:
+def _print_text(report: dict[str, Any]) -> None:
     if report["ok"]:
         verdict = "OK" if report["key_trusted"] else "signature valid, key not trusted"
         print(
@@ -215,7 +219,7 @@ def _print_text(report: dict) -> None:
         )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         report = _check(args)
     except _Unchecked as exc:
