@@ -40,7 +40,7 @@ HOLD = (
     "INSERT INTO reservations (id, project_id, key_id, amount, month, owner, lease_until,"
     " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# As storage/sqlite.py writes a receipt, its shape already known.
+# As storage/sqlite/ writes a receipt, its shape already known.
 RECEIPT = (
     "INSERT INTO receipt_rows (id, reservation_id, project_id, key_id, request_id, shape,"
     " input_tokens, output_tokens, usage_rest, cost, month, created_at, request_sha256,"

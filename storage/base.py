@@ -115,9 +115,6 @@ class Storage(
 
     #: The driver's exception classes, translated to StorageError by the wrapper.
     base_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
-    #: Whether a call may cancel the task that awaits it (a timeout or cancel scope of its
-    #: own, as asyncpg's).
-    self_cancelling: ClassVar[bool] = True
     instances_acknowledge_changes: ClassVar[bool] = True  # ClusterPort says what it means
 
     _admin_applied: int = 0

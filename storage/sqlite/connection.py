@@ -204,8 +204,6 @@ class SQLiteBase(Storage):
         OverflowError,
         OSError,
     )
-    # Writes await the group commit's futures, reads aiosqlite's: no call has a timeout.
-    self_cancelling: ClassVar[bool] = False
 
     def __init__(
         self,

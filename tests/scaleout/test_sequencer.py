@@ -26,7 +26,7 @@ from tests.support.http import bearer, chat_body
 pytestmark = pytest.mark.postgres
 
 # A follower tries for the lock every second; a hung holder's session is ended by the
-# server after 5 s of silence (storage/postgres.py). Deadlines with room for a busy CPU.
+# server after 5 s of silence (storage/postgres/). Deadlines with room for a busy CPU.
 TAKEOVER_S = 10.0
 HUNG_TAKEOVER_S = 15.0
 

@@ -34,7 +34,7 @@ PORTS = [LifecyclePort, *DOMAINS.values()]
 BACKENDS = [SQLiteStorage, PostgresStorage]
 # What a backend's connection module may define besides its life cycle: `open`, the one
 # port method that reports on its write batches, and what the base class asks for.
-CONNECTION = {"open", "writes_idle", "translate_error", "base_exceptions", "self_cancelling"}
+CONNECTION = {"open", "writes_idle", "translate_error", "base_exceptions"}
 
 
 def public(cls: type) -> set[str]:
@@ -58,7 +58,7 @@ def test_storage_is_the_union_of_the_ports():
         for name, member in inspect.getmembers(Storage)
         if not name.startswith("_") and (callable(member) or isinstance(member, bool))
     }
-    assert interface - {"open", "translate_error", "base_exceptions", "self_cancelling"} == members
+    assert interface - {"open", "translate_error", "base_exceptions"} == members
     assert all(port in Storage.__mro__ for port in PORTS)
     assert RateLimitPort not in Storage.__mro__  # PostgreSQL's alone
 
