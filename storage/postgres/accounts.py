@@ -104,7 +104,7 @@ class PostgresAccounts(PostgresBase):
         )
 
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
-        columns = ("monthly_budget", "rpm", "allow_models", "exclude_models")
+        columns = ("name", "monthly_budget", "rpm", "allow_models", "exclude_models")
         row = await self._update_row("projects", "id", project_id, "active", columns, changes)
         return _project(row)
 

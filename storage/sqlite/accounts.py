@@ -81,7 +81,7 @@ class SQLiteAccounts(SQLiteBase):
         return [_project(row) for row in rows if ids is None or row["id"] in ids]
 
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
-        columns = ("monthly_budget", "rpm", "allow_models", "exclude_models")
+        columns = ("name", "monthly_budget", "rpm", "allow_models", "exclude_models")
         await self._update_row("projects", "id", project_id, "active", columns, changes)
         return await self._found(self.get_project(project_id), f"no project {project_id}")
 

@@ -122,8 +122,9 @@ async def test_projects_and_keys_listed_and_updated(storage):
     )
     assert (updated.monthly_budget, updated.allow_models, updated.rpm) == (500, ["a", "b"], 7)
     assert await storage.get_project(older) == updated
-    with pytest.raises(StorageError):
-        await storage.update_project(older, {"name": "x"})
+    assert (await storage.update_project(older, {"name": "renamed"})).name == "renamed"
+    with pytest.raises(StorageError):  # only the columns a PATCH may change
+        await storage.update_project(older, {"state": "archived"})
     with pytest.raises(RecordNotFound):
         await storage.update_project("prj_missing", {"rpm": 1})
     await storage.archive_project(newer)
