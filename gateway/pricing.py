@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from model_gateway.gateway.money import cost_of_tokens
 from model_gateway.pipeline.context import RequestContext
 from model_gateway.pipeline.errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
+    from model_gateway.pipeline.ports import ModelInfo
 
 # The tolerance of the gateway's count (bytes / 4) against an upstream's own tokenizer.
 _TOLERANCE_NUM, _TOLERANCE_DEN, _TOLERANCE_EXTRA = 5, 4, 16
@@ -22,32 +28,58 @@ def held_output_tokens(requested: int | None, model_max: int) -> int:
     return -(-limit * _TOLERANCE_NUM // _TOLERANCE_DEN) + _TOLERANCE_EXTRA
 
 
+def _prices(model: ModelInfo) -> tuple[int, int]:
+    """The model's input and output prices, in micro-units per million tokens."""
+    input_price, output_price = model.input_price_per_mtok, model.output_price_per_mtok
+    if input_price is None or output_price is None:
+        # Never run a model for free because its price was left out of the config.
+        raise ServiceUnavailable("The model has no price configured on this deployment.")
+    return input_price, output_price
+
+
 class InferencePricing:
     kind = "inference"
 
     @staticmethod
     def subject(ctx: RequestContext) -> str:
+        assert ctx.model_id is not None  # the policy stage resolved it
         return ctx.model_id
 
     @staticmethod
     def estimate(ctx: RequestContext) -> int:
         model = ctx.model
-        if not model.priced:
-            # Never run a model for free because its price was left out of the config.
-            raise ServiceUnavailable("The model has no price configured on this deployment.")
+        assert model is not None  # the policy stage resolved it
+        input_price, output_price = _prices(model)
+        payload: ChatRequest | ResponsesRequest = ctx.payload
         # A token spans at least one byte, so the body's size bounds the prompt's tokens.
         input_tokens = len(ctx.body)
-        output_tokens = held_output_tokens(ctx.payload.output_limit, model.max_output_tokens)
-        return cost_of_tokens(input_tokens, model.input_price_per_mtok) + cost_of_tokens(
-            output_tokens, model.output_price_per_mtok
+        output_tokens = held_output_tokens(payload.output_limit, model.max_output_tokens)
+        return cost_of_tokens(input_tokens, input_price) + cost_of_tokens(
+            output_tokens, output_price
         )
 
     @staticmethod
     def cost(ctx: RequestContext) -> int:
+        assert ctx.model is not None  # the policy stage resolved it
+        input_price, output_price = _prices(ctx.model)  # priced, or the estimate refused it
         usage = ctx.billing.usage if ctx.billing else {}
-        return cost_of_tokens(
-            usage.get("input_tokens", 0), ctx.model.input_price_per_mtok
-        ) + cost_of_tokens(usage.get("output_tokens", 0), ctx.model.output_price_per_mtok)
+        return cost_of_tokens(usage.get("input_tokens", 0), input_price) + cost_of_tokens(
+            usage.get("output_tokens", 0), output_price
+        )
+
+
+class _SandboxLimits(Protocol):
+    @property
+    def timeout_s(self) -> int: ...
+
+
+class _SandboxRun(Protocol):
+    """What `SandboxPricing` reads of its payload (gateway.sandbox.executions.Execution)."""
+
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def sandbox(self) -> _SandboxLimits | None: ...  # read by the endpoint's admit check
 
 
 class SandboxPricing:
@@ -68,13 +100,20 @@ class SandboxPricing:
 
     @staticmethod
     def subject(ctx: RequestContext) -> str:
-        return ctx.payload.runtime
+        payload: _SandboxRun = ctx.payload
+        return payload.runtime
 
     def estimate(self, ctx: RequestContext) -> int:
-        return self.hold(ctx.payload.sandbox.timeout_s)
+        return self.hold(_timeout_s(ctx))
 
     def cost(self, ctx: RequestContext) -> int:
         duration_ms = ctx.billing.usage.get("duration_ms", 0) if ctx.billing else 0
         # A timed-out run overshoots its limit by the kill's latency: never bill that.
-        duration_ms = min(duration_ms, ctx.payload.sandbox.timeout_s * 1000)
+        duration_ms = min(duration_ms, _timeout_s(ctx) * 1000)
         return self.per_execution + -(-duration_ms * self.per_second // 1000)
+
+
+def _timeout_s(ctx: RequestContext) -> int:
+    payload: _SandboxRun = ctx.payload
+    assert payload.sandbox is not None  # read by the endpoint's admit check
+    return payload.sandbox.timeout_s

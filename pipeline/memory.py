@@ -17,7 +17,13 @@ from model_gateway.pipeline.errors import (
     InsufficientBalance,
     InvalidApiKey,
 )
-from model_gateway.pipeline.ports import KeyInfo, ModelInfo, ProjectInfo, Reserved
+from model_gateway.pipeline.ports import (
+    FallbackInfo,
+    KeyInfo,
+    ModelInfo,
+    ProjectInfo,
+    Reserved,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +128,13 @@ class MemoryMeter:
 class Model:
     supports_tools: bool = True
     available: bool = True
+    # What the gateway's inference endpoints read (ports.ModelInfo); a host's own ignore them.
+    input_price_per_mtok: int | None = None
+    output_price_per_mtok: int | None = None
+    max_output_tokens: int = 4096
+    provider: str = ""
+    upstream: str | None = None
+    fallbacks: tuple[FallbackInfo, ...] = ()
 
 
 class StaticCatalog:

@@ -47,9 +47,34 @@ class KeyLookup(Protocol):
         ...
 
 
+class FallbackInfo(Protocol):
+    """Another provider that serves a model when the ones before it fail."""
+
+    @property
+    def provider(self) -> str: ...
+    @property
+    def upstream(self) -> str | None: ...  # None: the model's own upstream name
+
+
 class ModelInfo(Protocol):
+    """What the stages read of a model (`supports_tools`), and what the gateway's inference
+    endpoints read: its prices, output limit and the providers that serve it (a host's own
+    endpoints may ignore those; `pipeline.memory.Model` leaves them unset)."""
+
     @property
     def supports_tools(self) -> bool: ...
+    @property
+    def input_price_per_mtok(self) -> int | None: ...  # micro-units; None: not priced
+    @property
+    def output_price_per_mtok(self) -> int | None: ...
+    @property
+    def max_output_tokens(self) -> int: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def upstream(self) -> str | None: ...  # the name sent to the provider; None: the id
+    @property
+    def fallbacks(self) -> Sequence[FallbackInfo]: ...
 
 
 class ModelCatalog(Protocol):

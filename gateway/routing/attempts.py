@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from model_gateway.gateway.routing.failures import RETRYABLE, WORDS, reason_of
 from model_gateway.pipeline.errors import GatewayError, ServiceUnavailable
 
 if TYPE_CHECKING:
+    from starlette.responses import Response
+
     from model_gateway.gateway.metrics import Metrics
     from model_gateway.gateway.providers import Provider, Providers
     from model_gateway.pipeline.context import RequestContext
@@ -25,13 +27,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.routing")
 
 # Serves the request with one provider and the upstream model name to send it.
-Serve = Callable[["Provider", str], Awaitable[Any]]
+Serve = Callable[["Provider", str], Awaitable["Response"]]
 
 
 def routes(ctx: RequestContext) -> list[tuple[str, str]]:
     """(provider, upstream model name) in the order they are tried."""
-    model = ctx.model
-    first = model.upstream or ctx.model_id
+    model, model_id = ctx.model, ctx.model_id
+    assert model is not None and model_id is not None  # the policy stage resolved them
+    first = model.upstream or model_id
     chain = [(model.provider, first)]
     chain += [(f.provider, f.upstream or first) for f in model.fallbacks]
     return chain
@@ -39,7 +42,7 @@ def routes(ctx: RequestContext) -> list[tuple[str, str]]:
 
 async def attempt_chain(
     ctx: RequestContext, providers: Providers, metrics: Metrics | None, serve: Serve
-):
+) -> Response:
     """The first answer of the chain; else the last attempt's error; else (everything
     skipped by its breaker) 503 with retry-after."""
     last_error: GatewayError | None = None
@@ -112,7 +115,14 @@ def stream_ended(
         breaker.success()
 
 
-def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics, when: str = "") -> None:
+def _failed(
+    ctx: RequestContext,
+    provider: str,
+    reason: str,
+    error: GatewayError,
+    metrics: Metrics | None,
+    when: str = "",
+) -> None:
     if metrics is not None:
         metrics.upstream_failures.labels(provider, reason).inc()
     detail = getattr(error, "detail", "") or error.status
@@ -131,6 +141,6 @@ def _failed(ctx, provider: str, reason: str, error: GatewayError, metrics, when:
     )
 
 
-def _fields(ctx, provider: str, reason: str) -> dict:
+def _fields(ctx: RequestContext, provider: str, reason: str) -> dict[str, dict[str, str]]:
     # Top-level keys of the JSON log line (gateway.logs.JsonFormatter).
     return {"fields": {"request_id": ctx.request_id, "provider": provider, "reason": reason}}

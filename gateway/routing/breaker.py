@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import ItemsView, Iterable
 from typing import Literal
 
 State = Literal["closed", "open", "half_open"]
@@ -64,13 +65,13 @@ class Breaker:
 class Breakers:
     """Every provider's breaker, by provider name."""
 
-    def __init__(self, names, failures: int, cooldown_s: float) -> None:
+    def __init__(self, names: Iterable[str], failures: int, cooldown_s: float) -> None:
         self._by_name = {name: Breaker(failures, cooldown_s) for name in names}
 
     def __getitem__(self, name: str) -> Breaker:
         return self._by_name[name]
 
-    def items(self):
+    def items(self) -> ItemsView[str, Breaker]:
         return self._by_name.items()
 
     def states(self) -> dict[str, State]:
