@@ -6,7 +6,8 @@ The translation itself is in `anthropic_messages`; this module is the HTTP side.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 from model_gateway.gateway.config import ProviderConfig
 from model_gateway.gateway.providers.anthropic_messages import (
@@ -23,6 +24,9 @@ from model_gateway.gateway.providers.upstream import (
     reported_error,
     stream_ended_early,
 )
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 API_VERSION = "2023-06-01"
 
@@ -42,11 +46,13 @@ class AnthropicProvider(HttpProvider):
             headers["x-api-key"] = credential
         return headers
 
-    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+    async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         message = await self.post_json(self.path, messages_request(request), acceptance)
         return chat_completion(checked(self.name, message, MessagesAnswer), request["model"])
 
-    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+    async def chat_stream(
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[JSONObject]:
         body = {**messages_request(request), "stream": True}
         translator = ChunkTranslator(request["model"])
         events = self.post_events(self.path, body, acceptance)

@@ -8,7 +8,7 @@ turns of one role merge (the Messages API wants them alternating).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -16,7 +16,11 @@ from model_gateway.gateway.inference.tokens import content_text
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.pipeline.errors import InvalidRequest
 
-STOP_REASONS = {
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
+
+# Looked up with the answer's stop_reason, which may be null (shapes.MessagesAnswer).
+STOP_REASONS: dict[str | None, str] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "pause_turn": "stop",
@@ -27,7 +31,7 @@ STOP_REASONS = {
 }
 
 
-def _text_blocks(content: Any, where: str) -> list[dict]:
+def _text_blocks(content: Any, where: str) -> list[JSONObject]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks = []
@@ -41,7 +45,7 @@ def _text_blocks(content: Any, where: str) -> list[dict]:
     return blocks
 
 
-def _tool_use(call: dict, where: str) -> dict:
+def _tool_use(call: JSONObject, where: str) -> JSONObject:
     function = call.get("function") or {}
     try:
         arguments = orjson.loads(function.get("arguments") or "{}")
@@ -59,7 +63,7 @@ def _tool_use(call: dict, where: str) -> dict:
     }
 
 
-def _append(messages: list[dict], role: str, blocks: list[dict]) -> None:
+def _append(messages: list[JSONObject], role: str, blocks: list[JSONObject]) -> None:
     if not blocks:
         return
     if messages and messages[-1]["role"] == role:
@@ -68,7 +72,7 @@ def _append(messages: list[dict], role: str, blocks: list[dict]) -> None:
         messages.append({"role": role, "content": blocks})
 
 
-def _tools(tools: list[dict]) -> list[dict]:
+def _tools(tools: list[JSONObject]) -> list[JSONObject]:
     translated = []
     for k, tool in enumerate(tools):
         function = tool.get("function") or {}
@@ -86,7 +90,7 @@ def _tools(tools: list[dict]) -> list[dict]:
     return translated
 
 
-def _tool_choice(choice: Any, parallel: bool | None) -> dict:
+def _tool_choice(choice: Any, parallel: bool | None) -> JSONObject:
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") or choice.get("name")
         translated = {"type": "tool", "name": name}
@@ -97,10 +101,10 @@ def _tool_choice(choice: Any, parallel: bool | None) -> dict:
     return translated
 
 
-def messages_request(request: dict) -> dict:
+def messages_request(request: JSONObject) -> JSONObject:
     """A Chat Completions request (with its output limit set) as a Messages request."""
     system: list[str] = []
-    messages: list[dict] = []
+    messages: list[JSONObject] = []
     for i, message in enumerate(request["messages"]):
         role = message["role"]
         if role in ("system", "developer"):
@@ -142,7 +146,7 @@ def messages_request(request: dict) -> dict:
     return body
 
 
-def _sum_of_counts(usage: dict, required: str, *optional: str) -> int | None:
+def _sum_of_counts(usage: JSONObject, required: str, *optional: str) -> int | None:
     """The sum of counts, or None when one is not a count (the gateway then counts).
     The API sends null for the optional ones (cache counts) when it has none."""
     values = [usage.get(required)]
@@ -153,7 +157,7 @@ def _sum_of_counts(usage: dict, required: str, *optional: str) -> int | None:
     return sum(count for count in counts if count is not None)
 
 
-def chat_usage(usage: Any) -> dict:
+def chat_usage(usage: Any) -> JSONObject:
     """Messages usage as chat usage; a count the upstream broke stays None, never a guess."""
     if not isinstance(usage, dict):
         usage = {}
@@ -171,7 +175,7 @@ def chat_usage(usage: Any) -> dict:
     }
 
 
-def chat_completion(message: dict, model: str) -> dict:
+def chat_completion(message: JSONObject, model: str) -> JSONObject:
     """A Messages answer as a chat completion."""
     content = message.get("content") or []
     text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
@@ -218,12 +222,13 @@ class ChunkTranslator:
         self.model = model
         self.id = "chatcmpl-"
         self.created = int(time.time())
-        self.tool_calls: dict[int, int] = {}  # content block index -> tool call index
+        # content block index (null when the upstream sent none) -> tool call index
+        self.tool_calls: dict[int | None, int] = {}
         self.finish_reason = "stop"
         self.usage: dict[str, Any] = {}  # as reported: chat_usage checks the counts
         self.done = False
 
-    def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+    def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -240,7 +245,7 @@ class ChunkTranslator:
         if isinstance(usage, dict):
             self.usage.update({key: value for key, value in usage.items() if value is not None})
 
-    def feed(self, event: dict) -> list[dict]:
+    def feed(self, event: JSONObject) -> list[JSONObject]:
         kind = event.get("type")
         if kind == "message_start":
             message = event.get("message") or {}
@@ -262,7 +267,7 @@ class ChunkTranslator:
             return [self._chunk({}, self.finish_reason), usage_chunk]
         return []  # ping, content_block_stop, thinking and what a later API version adds
 
-    def _block_start(self, index: int, block: dict) -> list[dict]:
+    def _block_start(self, index: int | None, block: JSONObject) -> list[JSONObject]:
         if block.get("type") == "tool_use":
             call = self.tool_calls[index] = len(self.tool_calls)
             function = {"name": block.get("name"), "arguments": ""}
@@ -272,7 +277,7 @@ class ChunkTranslator:
             return [self._chunk({"content": block["text"]})]
         return []
 
-    def _block_delta(self, index: int, delta: dict) -> list[dict]:
+    def _block_delta(self, index: int | None, delta: JSONObject) -> list[JSONObject]:
         if delta.get("type") == "text_delta":
             return [self._chunk({"content": delta.get("text") or ""})]
         if delta.get("type") == "input_json_delta" and index in self.tool_calls:

@@ -17,20 +17,25 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 import orjson
 
-from model_gateway.gateway.agents.run_code import RUN_CODE, RUNTIMES
+from model_gateway.gateway.agents.run_code import RUN_CODE
 from model_gateway.gateway.inference.tokens import chat_prompt_text, content_text, estimate_tokens
 from model_gateway.gateway.providers.upstream import Acceptance, Provider
+from model_gateway.gateway.sandbox.runtimes import RUNTIMES
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 _PIECES = re.compile(r"\S+\s*|\s+")
 
 _FENCED = re.compile(rf"```({'|'.join(RUNTIMES)})[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 
-def _offers_run_code(request: dict) -> bool:
+def _offers_run_code(request: JSONObject) -> bool:
     if request.get("tool_choice") == "none":
         return False
     return any(
@@ -39,7 +44,7 @@ def _offers_run_code(request: dict) -> bool:
     )
 
 
-def _tool_call(name: str, arguments: dict) -> dict:
+def _tool_call(name: str, arguments: JSONObject) -> JSONObject:
     return {
         "id": "call_" + secrets.token_hex(8),
         "type": "function",
@@ -47,7 +52,7 @@ def _tool_call(name: str, arguments: dict) -> dict:
     }
 
 
-def _run_code_call(text: str) -> dict | None:
+def _run_code_call(text: str) -> JSONObject | None:
     """A run_code call for the first fenced block of a runtime in `text`, or None."""
     block = _FENCED.search(text)
     if block is None:
@@ -56,11 +61,13 @@ def _run_code_call(text: str) -> dict | None:
 
 
 class _Reply:
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: JSONObject) -> None:
         messages = request.get("messages") or []
-        asked = next((m for m in reversed(messages) if m.get("role") in ("user", "tool")), {})
+        asked: JSONObject = next(
+            (m for m in reversed(messages) if m.get("role") in ("user", "tool")), {}
+        )
         text = content_text(asked.get("content"))
-        self.tool_call: dict | None = None
+        self.tool_call: JSONObject | None = None
         self.finish_reason = "stop"
         forced = request.get("tool_choice")
         if _offers_run_code(request):
@@ -101,10 +108,10 @@ class EchoProvider(Provider):
 
     # In process: the request is accepted as soon as it is asked.
 
-    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+    async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         acceptance.accept()
         reply = _Reply(request)
-        message: dict = {"role": "assistant", "content": reply.text, "refusal": None}
+        message: JSONObject = {"role": "assistant", "content": reply.text, "refusal": None}
         if reply.tool_call:
             message["content"] = None
             message["tool_calls"] = [reply.tool_call]
@@ -124,11 +131,13 @@ class EchoProvider(Provider):
             "usage": reply.usage,
         }
 
-    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+    async def chat_stream(
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[JSONObject]:
         acceptance.accept()
         reply = _Reply(request)
 
-        def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        def chunk(delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
             choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
             return {
                 "id": reply.id,

@@ -10,7 +10,8 @@ worked).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from model_gateway.gateway.providers.chat_events import ChatEvent, ChatEvents
 from model_gateway.gateway.providers.responses_events import (
@@ -30,6 +31,22 @@ from model_gateway.gateway.providers.upstream import (
     stream_ended_early,
 )
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
+    from model_gateway.pipeline.errors import GatewayError
+
+E = TypeVar("E")
+
+
+class _EventReader(Protocol[E]):
+    """A stream's reader of checked events: `ChatEvents` or `NativeResponsesEvents`."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
+    def feed(self, read: bytes) -> tuple[list[E], GatewayError | None]: ...
+
 
 class OpenAIProvider(HttpProvider):
     kind = "openai"
@@ -40,41 +57,43 @@ class OpenAIProvider(HttpProvider):
         credential = self.config.credential()
         return {"authorization": f"Bearer {credential}"} if credential else {}
 
-    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+    async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         answer = await self.post_json("/chat/completions", request, acceptance)
         return checked(self.name, answer, ChatAnswer)
 
     async def chat_events(
-        self, request: dict, acceptance: Acceptance
-    ) -> AsyncIterator[list[ChatEvent]]:
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[list[ChatEvent]]:
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
         reads = self.post_stream("/chat/completions", body, acceptance)
         async for batch in self._batches(reads, ChatEvents(self.name)):
             yield batch
 
-    async def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+    async def chat_stream(
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[JSONObject]:
         batches = self.chat_events(request, acceptance)
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 for event in batch:
                     yield parse_checked(event.data)  # the parser that checked it
 
-    async def responses(self, request: dict, acceptance: Acceptance) -> dict:
+    async def responses(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         answer = await self.post_json("/responses", request, acceptance, optional_endpoint=True)
         return checked(self.name, answer, ResponsesAnswer)
 
     async def responses_stream(
-        self, request: dict, acceptance: Acceptance
-    ) -> AsyncIterator[list[ResponsesStreamEvent]]:
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[list[ResponsesStreamEvent]]:
         body = {**request, "stream": True}
         reads = self.post_stream("/responses", body, acceptance, optional_endpoint=True)
         async for batch in self._batches(reads, NativeResponsesEvents(self.name)):
             yield batch
 
     async def _batches(
-        self, reads: AsyncIterator[bytes], events: ChatEvents | NativeResponsesEvents
-    ) -> AsyncIterator[list]:
+        self, reads: AsyncGenerator[bytes], events: _EventReader[E]
+    ) -> AsyncGenerator[list[E]]:
         """One batch of checked events per read; the upstream's failure raised after the
         good events before it; an early end raised once the connection is read out."""
         async with contextlib.aclosing(reads):

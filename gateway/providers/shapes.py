@@ -11,11 +11,14 @@ usage is judged later, count by count (gateway.inference.usage).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from model_gateway.gateway.providers.upstream import malformed
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 T = TypeVar("T")
 
@@ -130,7 +133,7 @@ class MessagesEvent(_Shape):
     delta: _Delta | None = None
 
 
-def checked(provider: str, answer: dict, shape: type[Any]) -> dict:
+def checked(provider: str, answer: JSONObject, shape: type[Any]) -> JSONObject:
     """`answer` itself, once it fits `shape`; else the upstream's malformed-answer error."""
     try:
         msgspec.convert(answer, shape)

@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -29,7 +29,13 @@ from model_gateway.gateway.inference.sse import Event, EventTooLarge, SSEDecoder
 from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
 
 if TYPE_CHECKING:
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.tracing import Trace
+
+    from model_gateway.gateway.inference.json_types import JSONObject
     from model_gateway.gateway.providers.chat_events import ChatEvent
+    from model_gateway.gateway.providers.responses_events import ResponsesStreamEvent
 
 log = logging.getLogger("gateway.providers")
 
@@ -75,30 +81,35 @@ class Provider:
 
     # Each call marks its `acceptance` once the upstream accepted the request.
 
-    async def chat(self, request: dict, acceptance: Acceptance) -> dict:
+    async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         """One Chat Completions request, answered whole."""
         raise NotImplementedError
 
-    def chat_stream(self, request: dict, acceptance: Acceptance) -> AsyncIterator[dict]:
+    def chat_stream(
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[JSONObject]:
         """Chat completion chunks as they arrive, then a usage chunk when usage is known."""
         raise NotImplementedError
 
     # True: the upstream speaks chat itself, and `chat_events` reads its stream as it came.
     chat_pass_through = False
 
-    def chat_events(self, request: dict, acceptance: Acceptance) -> AsyncIterator[list[ChatEvent]]:
+    def chat_events(
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[list[ChatEvent]]:
         """The upstream's chat stream in batches of checked events (chat_events.ChatEvents),
         usage asked for."""
         raise NotImplementedError
 
-    async def responses(self, request: dict, acceptance: Acceptance) -> dict:
+    async def responses(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         """One Responses request passed through, answered whole."""
         raise ResponsesUnsupported
 
     def responses_stream(
-        self, request: dict, acceptance: Acceptance
-    ) -> AsyncIterator[tuple[str, dict]]:
-        """(event name, payload) pairs of a native Responses stream."""
+        self, request: JSONObject, acceptance: Acceptance
+    ) -> AsyncGenerator[list[ResponsesStreamEvent]]:
+        """A native Responses stream in batches of checked events
+        (responses_events.NativeResponsesEvents)."""
         raise ResponsesUnsupported
 
 
@@ -175,13 +186,20 @@ class _PoolConnector(aiohttp.TCPConnector):
     (A trace config did this before; any trace config makes aiohttp build and send ~10
     trace events per request, a few % of a request's CPU.)"""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._served: weakref.WeakSet = weakref.WeakSet()  # protocols that carried a request
+        # The protocols that carried a request.
+        self._served: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
 
-    async def connect(self, req, traces, timeout) -> Connection:  # noqa: ASYNC109 (aiohttp's)
+    async def connect(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's)
+    ) -> Connection:
         connection = await super().connect(req, traces, timeout)
         protocol = connection.protocol
+        assert protocol is not None  # a new connection's: released ones have none
         _REUSED.set(protocol in self._served)
         self._served.add(protocol)
         return connection
@@ -191,7 +209,7 @@ class _PoolConnector(aiohttp.TCPConnector):
 _STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-def parse_json(provider: str, raw: bytes | str) -> dict:
+def parse_json(provider: str, raw: bytes | str) -> JSONObject:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -237,7 +255,12 @@ class HttpProvider(Provider):
         return {}
 
     async def _post(
-        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
+        self,
+        path: str,
+        body: JSONObject,
+        acceptance: Acceptance,
+        *,
+        optional_endpoint: bool = False,
     ) -> aiohttp.ClientResponse:
         """POST, and return the response only if it succeeded (the caller closes it)."""
         if self.session is None:
@@ -267,7 +290,13 @@ class HttpProvider(Provider):
             raise ResponsesUnsupported
         raise upstream_error(self.name, response.status)
 
-    async def _send(self, session, path: str, data: bytes, headers: dict):
+    async def _send(
+        self,
+        session: aiohttp.ClientSession | None,
+        path: str,
+        data: bytes,
+        headers: dict[str, str],
+    ) -> aiohttp.ClientResponse:
         if session is None:
             raise ProviderError()
         # No redirects: a credential header must never follow one to another host.
@@ -279,8 +308,13 @@ class HttpProvider(Provider):
         )
 
     async def post_json(
-        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
-    ) -> dict:
+        self,
+        path: str,
+        body: JSONObject,
+        acceptance: Acceptance,
+        *,
+        optional_endpoint: bool = False,
+    ) -> JSONObject:
         response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
         try:
             raw = await self._answer(response)
@@ -310,8 +344,13 @@ class HttpProvider(Provider):
         return b"".join(chunks)
 
     async def post_stream(
-        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
-    ) -> AsyncIterator[bytes]:
+        self,
+        path: str,
+        body: JSONObject,
+        acceptance: Acceptance,
+        *,
+        optional_endpoint: bool = False,
+    ) -> AsyncGenerator[bytes]:
         """The upstream's body as it arrives, one item per read. Closing this closes the
         connection."""
         response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
@@ -329,8 +368,13 @@ class HttpProvider(Provider):
             response.close()  # synchronous: the connection goes at once, even when cancelled
 
     async def post_events(
-        self, path: str, body: dict, acceptance: Acceptance, *, optional_endpoint: bool = False
-    ) -> AsyncIterator[Event]:
+        self,
+        path: str,
+        body: JSONObject,
+        acceptance: Acceptance,
+        *,
+        optional_endpoint: bool = False,
+    ) -> AsyncGenerator[Event]:
         """The upstream's SSE events as they arrive. Closing this closes the connection."""
         decoder = SSEDecoder()
         reads = self.post_stream(path, body, acceptance, optional_endpoint=optional_endpoint)
