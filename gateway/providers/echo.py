@@ -60,6 +60,11 @@ def _run_code_call(text: str) -> JSONObject | None:
     return _tool_call(RUN_CODE, {"runtime": block.group(1), "code": block.group(2)})
 
 
+def _within(text: str, size: int | None) -> str:
+    """`text` cut to `size` UTF-8 bytes (None: whole)."""
+    return text if size is None else text.encode()[:size].decode("utf-8", "ignore")
+
+
 class _Reply:
     def __init__(self, request: JSONObject) -> None:
         messages = request.get("messages") or []
@@ -70,6 +75,7 @@ class _Reply:
         self.tool_call: JSONObject | None = None
         self.finish_reason = "stop"
         forced = request.get("tool_choice")
+        limit: int | None = request.get("max_completion_tokens") or request.get("max_tokens")
         if _offers_run_code(request):
             self.tool_call = _run_code_call(text)
         if (
@@ -80,12 +86,13 @@ class _Reply:
         ):
             name = (forced.get("function") or {}).get("name") if isinstance(forced, dict) else None
             name = name or (request["tools"][0].get("function") or {}).get("name") or "tool"
-            self.tool_call = _tool_call(name, {"text": text})
+            # The arguments echo the text: within the output limit, as a model's would be.
+            room = None if limit is None else max(0, limit * 4 - len(name) - len('{"text":""}'))
+            self.tool_call = _tool_call(name, {"text": _within(text, room)})
         if self.tool_call:
             self.finish_reason, text = "tool_calls", ""
-        limit = request.get("max_completion_tokens") or request.get("max_tokens")
         if limit and estimate_tokens(text) > limit:
-            text = text.encode()[: limit * 4].decode("utf-8", "ignore")
+            text = _within(text, limit * 4)
             self.finish_reason = "length"
         self.text = text
         output = text

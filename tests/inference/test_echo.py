@@ -78,6 +78,19 @@ def test_echo_calls_a_forced_tool_and_reads_its_result(client):
     assert answered.choices[0].message.content == "found"
 
 
+def test_echo_keeps_a_forced_tool_calls_arguments_within_the_output_limit(client):
+    """Its arguments echo the prompt: cut at the limit, as a model's would be, so that the
+    answer stays within what the request holds (not a 502 past the held output)."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    asked = [{"role": "user", "content": "find " + "it " * 500}]
+    done = client.chat.completions.create(
+        model="echo-1", messages=asked, tools=[tool], tool_choice="required", max_tokens=8
+    )
+    [call] = done.choices[0].message.tool_calls
+    assert orjson.loads(call.function.arguments)["text"].startswith("find it")
+    assert done.usage.completion_tokens <= 8
+
+
 def test_echo_tools_need_a_model_with_tools(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
