@@ -1,5 +1,6 @@
 """The gateway's side of the node protocol: signed calls, verified answers."""
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -36,7 +37,7 @@ class NodeBusy(NodeError):
 
 
 async def execute_on_node(
-    session: aiohttp.ClientSession, base_url: str, signer: Signer, job: dict[str, object]
+    session: aiohttp.ClientSession, base_url: str, signer: Signer, job: dict[str, Any]
 ) -> dict[str, object]:
     """POSTs `job` (the node's ExecuteRequest fields) and returns the verified result object."""
     timeout = float(job.get("timeout_s", 10.0)) + TIMEOUT_MARGIN_S

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import secrets
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import msgspec
 import orjson
@@ -53,8 +54,9 @@ from model_gateway.pipeline.errors import (
 from model_gateway.pipeline.validation import decoder
 
 if TYPE_CHECKING:
+    from model_gateway.gateway.config import Config
     from model_gateway.pipeline.context import RequestContext
-    from model_gateway.storage import SandboxRecord
+    from model_gateway.storage import AccountsPort, SandboxRecord
 
 log = logging.getLogger("gateway.sandbox")
 
@@ -113,10 +115,19 @@ class NodeResult(msgspec.Struct):
     oom_killed: bool = False
 
 
+class SandboxGateway(Protocol):
+    """What the executions read of the gateway (gateway.app.Gateway); storage is set at start."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def storage(self) -> AccountsPort | None: ...
+
+
 class SandboxExecutions:
     """The endpoint, and its side of the nodes (gateway.sandbox.pool)."""
 
-    def __init__(self, gateway) -> None:
+    def __init__(self, gateway: SandboxGateway) -> None:
         self.gateway = gateway
         prices = gateway.config.sandbox_pricing
         self.pricing = SandboxPricing(prices.per_execution, prices.per_second)
@@ -153,6 +164,7 @@ class SandboxExecutions:
     async def execute(self, ctx: RequestContext) -> Response:
         execution: Execution = ctx.payload
         sandbox = execution.sandbox
+        assert sandbox is not None  # read by admit, which runs first
         execution_id = "exe_" + secrets.token_hex(12)
         tried: set[SandboxNode] = set()
         while True:
@@ -162,7 +174,7 @@ class SandboxExecutions:
             # stopped and measured; the slot is freed when the node has answered, not before.
             node.in_use += 1
             call = asyncio.ensure_future(self._run(node, execution_id, execution.request, sandbox))
-            call.add_done_callback(lambda call, node=node: _free_slot(node, call))
+            call.add_done_callback(functools.partial(_free_slot, node))
             try:
                 result = await asyncio.shield(call)
                 break
@@ -194,7 +206,7 @@ class SandboxExecutions:
         ctx: RequestContext,
         node: SandboxNode,
         execution_id: str,
-        call: asyncio.Future,
+        call: asyncio.Future[NodeResult],
         started: float,
     ) -> None:
         """The client left mid-run: stop the run on the node and bill the time it ran."""
@@ -241,9 +253,11 @@ class SandboxExecutions:
         )
 
     async def _sandbox_of(self, ctx: RequestContext, request: ExecutionRequest) -> SandboxRecord:
-        sandbox = await self.gateway.storage.get_sandbox(request.sandbox_id)
+        storage, project = self.gateway.storage, ctx.project
+        assert storage is not None and project is not None  # started; key auth ran
+        sandbox = await storage.get_sandbox(request.sandbox_id)
         # Another project's sandbox is as absent as a missing one.
-        if sandbox is None or sandbox.project_id != ctx.project.id:
+        if sandbox is None or sandbox.project_id != project.id:
             raise NotFound("No sandbox configuration with this ID exists.", param="sandbox_id")
         if sandbox.runtime != request.runtime:
             raise InvalidRequest(
@@ -293,7 +307,7 @@ class _NotStarted(Exception):
     """The node did not run the job (its connection failed, or it was busy): try another."""
 
 
-def _free_slot(node: SandboxNode, call: asyncio.Future) -> None:
+def _free_slot(node: SandboxNode, call: asyncio.Future[NodeResult]) -> None:
     node.in_use -= 1
     if not call.cancelled():
         call.exception()  # retrieved: an abandoned call's error is not "never retrieved"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 
@@ -97,7 +97,7 @@ class SandboxNode:
             await self._supervisor.stop()
             self._supervisor = None
 
-    async def execute(self, job: dict[str, object]) -> dict[str, object]:
+    async def execute(self, job: dict[str, Any]) -> dict[str, object]:
         """The node's verified answer; NodeError (NodeUnreachable marks the node down)."""
         assert self._session is not None and self._signer is not None
         try:
@@ -135,7 +135,7 @@ class NodePool:
                 self.nodes.append(SandboxNode(name, entry, secret_file, log_format))
         except ValueError as exc:  # a spawned node's url: not an http URL
             raise ConfigError(str(exc)) from None
-        self._checks: list[asyncio.Task] = []
+        self._checks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         try:

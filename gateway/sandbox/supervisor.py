@@ -96,7 +96,7 @@ class NodeSupervisor:
         ]
         self.process: asyncio.subprocess.Process | None = None
         self._socket: socket.socket | None = listen(self.host, self.port)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
     @property
@@ -113,6 +113,7 @@ class NodeSupervisor:
             await self.stop()
             raise
         if ready is None:
+            assert self.process is not None  # spawned: _wait_ready saw it exit
             code = self.process.returncode
             await self.stop()
             raise NodeStartError(f"the sandbox node exited with {code} before it could serve")
@@ -145,6 +146,7 @@ class NodeSupervisor:
         backoff = FIRST_BACKOFF_S
         while not self._stopping:
             started = time.monotonic()
+            assert self.process is not None  # spawned before this task starts, and after each exit
             code = await self.process.wait()
             if self._stopping:
                 return
@@ -157,10 +159,12 @@ class NodeSupervisor:
 
     async def _wait_ready(self) -> bool | None:
         """True once the node answers; False after READY_WAIT_S; None if it exited first."""
+        process = self.process
+        assert process is not None  # _spawn came first
         deadline = time.monotonic() + READY_WAIT_S
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                if self.process.returncode is not None:
+                if process.returncode is not None:
                     return None
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     timeout = aiohttp.ClientTimeout(total=1)

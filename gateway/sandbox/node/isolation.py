@@ -17,6 +17,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -231,7 +232,8 @@ class Sandbox:
             scratch = self._make_scratch(plan.files, uid)
             cleanup.callback(shutil.rmtree, scratch, ignore_errors=True)
             stdin = cleanup.enter_context(_memfd("stdin", plan.stdin))
-            argv, pass_fds = plan.argv, ()
+            argv = plan.argv
+            pass_fds: tuple[int, ...] = ()
             if self._bwrap_base:
                 seccomp = None
                 if self._seccomp:
@@ -392,7 +394,7 @@ def _rlimits(plan: _Plan) -> list[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def _memfd(name: str, data: bytes):
+def _memfd(name: str, data: bytes) -> Iterator[int]:
     """An anonymous file holding `data`, read from the start by the child."""
     fd = os.memfd_create(name)
     try:

@@ -95,7 +95,8 @@ class StopSignal:
 
 
 def become_subreaper() -> bool:
-    return _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    result: int = _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    return result == 0
 
 
 class Processes:

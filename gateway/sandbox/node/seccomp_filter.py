@@ -30,7 +30,9 @@ CLONE_NEWUSER = 0x10000000
 
 def build_bpf() -> bytes:
     """Compiles the filter; raises ImportError or OSError when libseccomp is unusable."""
-    import pyseccomp as sc  # optional: the node reports the layer missing without it
+    # optional: the node reports the layer missing without it. The ignore: pyseccomp ships
+    # neither type hints nor a py.typed marker, and typeshed has no stubs for it.
+    import pyseccomp as sc  # type: ignore[import-untyped]
 
     filt = sc.SyscallFilter(sc.ALLOW)
     for name in DENIED:

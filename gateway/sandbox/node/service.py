@@ -133,9 +133,11 @@ class Replier:
         nonce = request.headers.get(NONCE_HEADER, "")
         self._nonce = nonce if well_formed_nonce(nonce) else None
 
-    def __call__(self, status: int, payload: object, headers: dict[str, str] | None = None):
+    def __call__(
+        self, status: int, payload: object, headers: dict[str, str] | None = None
+    ) -> Response:
         raw = orjson.dumps(payload)
-        signed = {}
+        signed: dict[str, str] = {}
         if self._nonce:
             retry_after = str((headers or {}).get(RETRY_AFTER_HEADER, ""))
             signed = self._signer.sign_response(status, raw, self._nonce, retry_after)
@@ -143,7 +145,9 @@ class Replier:
             raw, status, headers={**signed, **(headers or {})}, media_type="application/json"
         )
 
-    def error(self, status: int, kind: str, message: str, headers=None) -> Response:
+    def error(
+        self, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+    ) -> Response:
         return self(status, {"error": {"type": kind, "message": message}}, headers)
 
 
