@@ -4,6 +4,7 @@ the console's request bodies decoded (400 invalid_request with `param`, as on /v
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -56,7 +57,7 @@ def parse_budget(value: object) -> int:
         raise InvalidRequest(f"The budget is invalid: {exc}.", param="budget") from None
 
 
-def agent_view(agent: AgentRecord) -> dict:
+def agent_view(agent: AgentRecord) -> dict[str, Any]:
     return {
         "id": agent.id,
         "object": "agent",
@@ -71,7 +72,7 @@ def agent_view(agent: AgentRecord) -> dict:
     }
 
 
-def step_view(step: StepRecord) -> dict:
+def step_view(step: StepRecord) -> dict[str, Any]:
     """decisions.md's step: kind, model or runtime, tokens, duration, cost, receipt, error."""
     return {
         "kind": step.kind,
@@ -85,7 +86,7 @@ def step_view(step: StepRecord) -> dict:
     }
 
 
-def run_view(run: RunRecord, steps: list[StepRecord]) -> dict:
+def run_view(run: RunRecord, steps: list[StepRecord]) -> dict[str, Any]:
     return {
         "id": run.id,
         "object": "agent.run",

@@ -3,7 +3,7 @@ program's result as the tool message the model reads next."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -41,7 +41,7 @@ class BadToolCall(Exception):
     """The model called a tool that does not exist or with arguments that do not fit."""
 
 
-def parse_call(call: dict) -> RunCode:
+def parse_call(call: dict[str, Any]) -> RunCode:
     function = call.get("function") or {}
     if function.get("name") != RUN_CODE:
         raise BadToolCall(f"The model called an unknown tool {function.get('name')!r}.")
@@ -51,10 +51,10 @@ def parse_call(call: dict) -> RunCode:
         raise BadToolCall(f"The model's run_code arguments are invalid: {exc}.") from None
 
 
-def tool_result(execution: dict) -> str:
+def tool_result(execution: dict[str, Any]) -> str:
     """What the model reads: the program's stdout as it is (so a model can quote it), and
     only when something went wrong, its status, exit code and stderr."""
-    text = execution.get("stdout", "")
+    text: str = execution.get("stdout", "")
     if execution.get("stdout_truncated"):
         text += "\n[stdout truncated]"
     if execution.get("status") != "completed" or execution.get("exit_code"):

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import anyio
 
@@ -49,15 +50,41 @@ log = logging.getLogger("gateway.agents")
 TOOLS = frozenset({"sandbox"})
 MAX_STEPS_LIMIT = 100
 MAX_INPUT_BYTES = 100 * 1024
-ABANDONED = {
+ABANDONED: dict[str, Any] = {
     "type": "internal_error",
     "message": "The process running this run died or stopped renewing its lease before the"
     " run ended.",
 }
 # The end a run gets when storage refused the one it reached (the run must still end).
-UNRECORDED = {"type": "internal_error", "message": "The run's end could not be recorded."}
+UNRECORDED: dict[str, Any] = {
+    "type": "internal_error",
+    "message": "The run's end could not be recorded.",
+}
 CAPACITY_RETRIES = 12  # sandbox capacity full: waits of retry-after (5 s), then the run fails
 STOP_WAIT_S = 30.0  # at shutdown: a cancelled step settles within this, or the sweeper fails it
+
+# How a run ends: its status, output and error object (storage's finish_run).
+_End = tuple[str, str | None, dict[str, Any] | None]
+
+
+class OwnedMeter(Meter, Protocol):
+    """The gateway's meter: holds are leased to `owner`, and so are this process's runs."""
+
+    @property
+    def owner(self) -> str: ...
+
+
+class AgentsGateway(Protocol):
+    """What `AgentEngine.for_gateway` reads of a started gateway (gateway.app.Gateway)."""
+
+    @property
+    def storage(self) -> Storage | None: ...
+    @property
+    def meter(self) -> OwnedMeter | None: ...
+    @property
+    def catalog(self) -> ConfigCatalog: ...
+    @property
+    def routes(self) -> RouteTable: ...
 
 
 def _shutdown() -> RunStops:
@@ -84,7 +111,7 @@ class _Run:
 
 @dataclass(slots=True)
 class _Live:
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     control: StepControl = field(default_factory=StepControl)
 
 
@@ -114,17 +141,19 @@ class AgentEngine:
         self.feed = RunFeed(storage)
         self._live: dict[str, _Live] = {}
         # Runs whose end could not be written (storage failed): retried by the sweeper.
-        self._unfinished: dict[str, tuple[str, str | None, dict | None]] = {}
-        self._sweeper: asyncio.Task | None = None
+        self._unfinished: dict[str, _End] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_gateway(cls, gateway, *, lease_s: float) -> AgentEngine:
+    def for_gateway(cls, gateway: AgentsGateway, *, lease_s: float) -> AgentEngine:
         """Over a started gateway's storage, meter and its own /v1 endpoints."""
+        storage, meter = gateway.storage, gateway.meter
+        assert storage is not None and meter is not None  # set by the gateway's start
         return cls(
-            gateway.storage,
-            gateway.meter,
+            storage,
+            meter,
             gateway.catalog,
-            owner=gateway.meter.owner,
+            owner=meter.owner,
             model_endpoint=_endpoint(gateway.routes, "POST", "/v1/chat/completions"),
             sandbox_endpoint=_endpoint(gateway.routes, "POST", "/v1/sandbox/executions"),
             lease_s=lease_s,
@@ -274,14 +303,16 @@ class AgentEngine:
     # -- the loop ------------------------------------------------------------------------
 
     async def _drive(self, run: RunRecord, agent: AgentRecord, control: StepControl) -> None:
-        status, output, error = "completed", None, None
+        status: str = "completed"
+        output: str | None = None
+        error: dict[str, Any] | None = None
         try:
             output = await self._loop(_Run(run, agent, control))
         except RunStops as stop:
             status, error = stop.status, stop.error
         except asyncio.CancelledError:  # the loop torn down past stop's wait: never completed
-            stop = _shutdown()
-            status, error = stop.status, stop.error
+            shutdown = _shutdown()
+            status, error = shutdown.status, shutdown.error
             raise
         except Exception:
             log.exception("run %s failed", run.id)
@@ -295,11 +326,11 @@ class AgentEngine:
     async def _loop(self, state: _Run) -> str:
         """Model calls and their tool calls until a final answer; the answer."""
         agent = state.agent
-        messages: list[dict] = []
+        messages: list[dict[str, Any]] = []
         if agent.instructions:
             messages.append({"role": "system", "content": agent.instructions})
         messages.append({"role": "user", "content": state.run.input})
-        request: dict = {"model": agent.model, "messages": messages}
+        request: dict[str, Any] = {"model": agent.model, "messages": messages}
         if "sandbox" in agent.tools:
             request["tools"] = [DEFINITION]
         while True:
@@ -324,7 +355,7 @@ class AgentEngine:
                 answer = await self._step(state, "sandbox", {**execution, "code": args.code})
                 messages.append(_tool_message(call, tool_result(answer)))
 
-    async def _step(self, state: _Run, kind: str, body: dict) -> dict:
+    async def _step(self, state: _Run, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         """One step (waiting out full sandbox capacity); the endpoint's answer."""
         for attempt in range(CAPACITY_RETRIES + 1):
             if state.control.stop is not None:
@@ -353,8 +384,10 @@ class AgentEngine:
             return answer
         raise AssertionError("unreachable")
 
-    async def _finish(self, run_id: str, status: str, output: str | None, error) -> None:
-        end = (status, output, error)
+    async def _finish(
+        self, run_id: str, status: str, output: str | None, error: dict[str, Any] | None
+    ) -> None:
+        end: _End = (status, output, error)
         try:
             await self._end(run_id, end)
         except Exception:
@@ -362,7 +395,7 @@ class AgentEngine:
             self._unfinished[run_id] = end
             await self._end_unfinished(run_id)
 
-    async def _end(self, run_id: str, end: tuple[str, str | None, dict | None]) -> None:
+    async def _end(self, run_id: str, end: _End) -> None:
         if not await self.storage.finish_run(run_id, *end):
             log.warning("run %s had already been ended elsewhere", run_id)
         self._unfinished.pop(run_id, None)
@@ -412,11 +445,11 @@ class AgentEngine:
             self.feed.notify(run_id)
 
 
-def _tool_message(call: dict, content: str) -> dict:
+def _tool_message(call: dict[str, Any], content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.get("id") or "", "content": content}
 
 
-def _max_steps(limit: int) -> dict:
+def _max_steps(limit: int) -> dict[str, Any]:
     return {
         "type": "max_steps_exceeded",
         "message": f"The run reached its limit of {limit} steps without a final answer.",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -27,7 +28,7 @@ POLL_S = 1.0
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     event: str  # step.started (a step in flight) | step (a step closed) | end
-    data: dict
+    data: dict[str, Any]
     id: int | None = None  # the step's position, for SSE's last-event-id
 
     def sse(self) -> bytes:
@@ -76,5 +77,5 @@ class RunFeed:
                     self._waiters.pop(run_id, None)
 
 
-def _started(step: StepRecord) -> dict:
+def _started(step: StepRecord) -> dict[str, str]:
     return {"kind": step.kind, "model" if step.kind == "model" else "runtime": step.subject}

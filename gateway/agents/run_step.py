@@ -22,9 +22,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
+from starlette.responses import Response
 
 from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.pipeline.context import Billing, RequestContext
@@ -52,19 +54,24 @@ from model_gateway.storage import (
 )
 from model_gateway.storage.base import RunRecord, StepRecord, now_s
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from model_gateway.pipeline.ports import ProjectInfo
+
 log = logging.getLogger("gateway.agents")
 
 
 class RunStops(Exception):
     """The run cannot go on: it ends with `status` and the error object `error`."""
 
-    def __init__(self, status: str, error: dict) -> None:
+    def __init__(self, status: str, error: dict[str, Any]) -> None:
         super().__init__(error.get("message"))
         self.status = status
         self.error = error
 
 
-def error_object(error: GatewayError, request_id: str | None = None) -> dict:
+def error_object(error: GatewayError, request_id: str | None = None) -> dict[str, Any]:
     return error.body(request_id)["error"]
 
 
@@ -78,7 +85,7 @@ def cancelled() -> RunStops:
 
 
 def check_model(
-    catalog: ConfigCatalog, model_id: str, project: ProjectRecord, *, uses_tools: bool
+    catalog: ConfigCatalog, model_id: str, project: ProjectInfo, *, uses_tools: bool
 ) -> None:
     """The policy stage's model checks, for a caller with no key (GatewayError)."""
     model = catalog.get(model_id)
@@ -96,7 +103,7 @@ def check_model(
 class StepControl:
     """Shared by a run's loop and whoever stops it: the handler task of the step in flight."""
 
-    handler: asyncio.Future | None = None
+    handler: asyncio.Future[ASGIApp] | None = None
     stop: RunStops | None = None  # why the run must stop at its next chance
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # wakes a waiting run
 
@@ -129,9 +136,9 @@ class StepRunner:
         run: RunRecord,
         project: ProjectRecord,
         seq: int,
-        request: dict,
+        request: dict[str, Any],
         control: StepControl,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Run one step; the endpoint's JSON answer. RunStops when the run cannot go on
         (nothing is left held either way)."""
         endpoint = self.endpoints[kind]
@@ -190,10 +197,10 @@ class StepRunner:
 
     async def _execute(
         self, ctx: RequestContext, kind: str, step: StepRecord, hold: Hold, control: StepControl
-    ) -> dict:
+    ) -> dict[str, Any]:
         started = time.monotonic()
         failure: RunStops | None = None
-        answer: dict = {}
+        answer: dict[str, Any] = {}
         try:
             await self.storage.attach_step_hold(step.run_id, step.seq, hold.reservation.id)
             assert ctx.endpoint is not None
@@ -222,10 +229,10 @@ class StepRunner:
         self,
         ctx: RequestContext,
         kind: str,
-        handler: asyncio.Future,
+        handler: asyncio.Future[ASGIApp],
         started: float,
         control: StepControl,
-    ) -> tuple[dict, RunStops | None]:
+    ) -> tuple[dict[str, Any], RunStops | None]:
         """The endpoint's answer, or why the run stops; sets ctx.billing for what ran."""
         if handler.cancelled():
             if kind == "sandbox":  # the program ran until now: billed for that time
@@ -238,7 +245,9 @@ class StepRunner:
                 log.error("run %s step %s failed", ctx.request_id, kind, exc_info=error)
                 error = InternalError()
             return {}, RunStops("failed", error_object(error, ctx.request_id))
-        return orjson.loads(handler.result().body), None
+        response = handler.result()
+        assert isinstance(response, Response)  # the /v1 handlers' whole JSON answers
+        return orjson.loads(response.body), None
 
     async def _describe(
         self,
