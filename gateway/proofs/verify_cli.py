@@ -25,7 +25,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -52,13 +52,15 @@ _TRUSTED_SOURCES = frozenset({"argument", "config"})
 _HOST_AND_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}(/|\Z)")
 
 
+# The CLI's parser class: its subparsers and their parents are of that class.
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
+
+
 class _Unchecked(Exception):
     pass
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_parser(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     p = commands.add_parser(
         "verify",
         parents=[common],
