@@ -6,13 +6,13 @@ import sys
 from model_gateway.gateway.children import LOG_PROCESS_ARG, SANDBOX_NODE_ARG
 
 if sys.argv[1:2] == [SANDBOX_NODE_ARG]:
-    from model_gateway.gateway.sandbox.supervisor import run_child
+    from model_gateway.gateway.sandbox import supervisor
 
-    run_child(sys.argv[2:])  # the binary, started again as its own spawned sandbox node
+    supervisor.run_child(sys.argv[2:])  # the binary, started again as its spawned sandbox node
 elif sys.argv[1:2] == [LOG_PROCESS_ARG]:
-    from model_gateway.gateway.proofs.log_process import run_child
+    from model_gateway.gateway.proofs import log_process
 
-    run_child()  # the binary, started again as its log process
+    log_process.run_child()  # the binary, started again as its log process
 else:
     from model_gateway.gateway.cli import main
 
