@@ -18,14 +18,14 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import AsyncGenerator, Awaitable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import orjson
 from starlette.responses import Response
 
-from model_gateway.gateway.config import ModelConfig
 from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.renderers import (
@@ -35,7 +35,7 @@ from model_gateway.gateway.inference.renderers import (
 )
 from model_gateway.gateway.inference.responses_translate import chat_request, response_from_chat
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
-from model_gateway.gateway.inference.streaming import Renderer, Upstream, open_stream
+from model_gateway.gateway.inference.streaming import Upstream, open_stream
 from model_gateway.gateway.inference.tokens import (
     chat_prompt_text,
     completion_text,
@@ -62,18 +62,27 @@ from model_gateway.pipeline.errors import JSON_CONTENT_TYPE, ProviderTimeout
 from model_gateway.pipeline.validation import decoder
 
 if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
     from model_gateway.gateway.metrics import Metrics
     from model_gateway.pipeline.context import RequestContext
+    from model_gateway.pipeline.ports import ModelInfo
 
 log = logging.getLogger("gateway.inference")
 
 _JSON = JSON_CONTENT_TYPE.decode()
 _CHAT_LIMITS = ("max_completion_tokens", "max_tokens")
 
+E = TypeVar("E")  # an upstream stream's events
+
 
 def upstream_chat(
-    request: dict, model: ModelConfig, model_id: str, *, stream: bool, upstream: str | None = None
-) -> dict:
+    request: JSONObject,
+    model: ModelInfo,
+    model_id: str,
+    *,
+    stream: bool,
+    upstream: str | None = None,
+) -> JSONObject:
     """The chat request as sent upstream: upstream model name (`upstream`, for a fallback),
     output limit within the model's."""
     body = {k: v for k, v in request.items() if k != "stream"}
@@ -89,15 +98,17 @@ def upstream_chat(
 
 
 def upstream_responses(
-    request: dict, model: ModelConfig, model_id: str, upstream: str | None = None
-) -> dict:
+    request: JSONObject, model: ModelInfo, model_id: str, upstream: str | None = None
+) -> JSONObject:
     body = {k: v for k, v in request.items() if k != "stream"}
     body["model"] = upstream or model.upstream or model_id
     body["max_output_tokens"] = output_limit(body.get("max_output_tokens"), model.max_output_tokens)
     return body
 
 
-def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: Text) -> dict:
+def _show_billed(
+    answer: JSONObject, keys: tuple[str, str], prompt: str, output: Text
+) -> dict[str, Any]:
     """The counts of the answer's usage as the upstream reported them (`keys` name them);
     the answer is left showing the counts that are billed."""
     counts = reported(answer.get("usage"), keys)
@@ -106,8 +117,16 @@ def _show_billed(answer: dict, keys: tuple[str, str], prompt: str, output: Text)
     return counts
 
 
+def _served(ctx: RequestContext) -> tuple[str, ModelInfo]:
+    """The requested model's id and the model, as the policy stage resolved them."""
+    assert ctx.model_id is not None and ctx.model is not None
+    return ctx.model_id, ctx.model
+
+
 def _held_output(ctx: RequestContext) -> int:
-    return held_output_tokens(ctx.payload.output_limit, ctx.model.max_output_tokens)
+    payload: ChatRequest | ResponsesRequest = ctx.payload
+    _, model = _served(ctx)
+    return held_output_tokens(payload.output_limit, model.max_output_tokens)
 
 
 def _delivered(ctx: RequestContext) -> Delivered:
@@ -115,7 +134,9 @@ def _delivered(ctx: RequestContext) -> Delivered:
     return Delivered(_held_output(ctx))
 
 
-def _respond(ctx: RequestContext, payload: dict, counts: dict, prompt: str, output: Text):
+def _respond(
+    ctx: RequestContext, payload: JSONObject, counts: dict[str, Any], prompt: str, output: Text
+) -> Response:
     """A whole answer, billed by the reported `counts` as `usage.billing` checks them;
     one past the held output is the upstream's failure, billed its input only."""
     usage, source = billed_usage(counts, prompt, output)
@@ -155,7 +176,14 @@ class InferenceHandlers:
             ),
         ]
 
-    async def _call(self, ctx, provider: Provider, call, acceptance: Acceptance, prompt: str):
+    async def _call(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        call: Awaitable[JSONObject],
+        acceptance: Acceptance,
+        prompt: str,
+    ) -> JSONObject:
         """Await one whole upstream answer within the gateway timeout."""
         started = time.perf_counter()
         bound = WaitBound(self.timeout_s)  # 3.6 µs a request on uvloop, asyncio.timeout 6.5
@@ -172,53 +200,71 @@ class InferenceHandlers:
             bound.close()
             ctx.upstream_seconds += time.perf_counter() - started
 
-    def _upstream(self, ctx, provider: Provider, events, acceptance: Acceptance) -> Upstream:
+    def _upstream(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        events: AsyncGenerator[E],
+        acceptance: Acceptance,
+    ) -> Upstream[E]:
         ended = partial(stream_ended, ctx, self.providers, self.metrics, provider.name)
         return Upstream(events, self.timeout_s, provider.name, acceptance, ctx, ended)
 
-    async def chat_completions(self, ctx: RequestContext):
-        request = msgspec.to_builtins(ctx.payload)
+    async def chat_completions(self, ctx: RequestContext) -> Response:
+        payload: ChatRequest = ctx.payload
+        request: JSONObject = msgspec.to_builtins(payload)
 
-        async def serve(provider: Provider, upstream: str):
+        async def serve(provider: Provider, upstream: str) -> Response:
             return await self._chat(ctx, provider, upstream, request)
 
         return await attempt_chain(ctx, self.providers, self.metrics, serve)
 
-    async def _chat(self, ctx, provider: Provider, upstream_model: str, request: dict):
-        stream = ctx.payload.stream
-        body = upstream_chat(
-            request, ctx.model, ctx.model_id, stream=stream, upstream=upstream_model
-        )
+    async def _chat(
+        self, ctx: RequestContext, provider: Provider, upstream_model: str, request: JSONObject
+    ) -> Response:
+        payload: ChatRequest = ctx.payload
+        model_id, model = _served(ctx)
+        stream = payload.stream
+        body = upstream_chat(request, model, model_id, stream=stream, upstream=upstream_model)
         prompt = chat_prompt_text(body)
         acceptance = Acceptance()
         if stream:
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            renderer: Renderer
+            # Each kind of events has its renderer: batches of checked events, or chunks.
             if provider.chat_pass_through:
-                events = provider.chat_events(body, acceptance)
-                renderer = ChatPassThrough(ctx.model_id, include_usage, prompt, _delivered(ctx))
-            else:
-                events = provider.chat_stream(body, acceptance)
-                renderer = ChatRenderer(ctx.model_id, include_usage, prompt, _delivered(ctx))
-            upstream = self._upstream(ctx, provider, events, acceptance)
+                batches = provider.chat_events(body, acceptance)
+                passthrough = ChatPassThrough(model_id, include_usage, prompt, _delivered(ctx))
+                checked = self._upstream(ctx, provider, batches, acceptance)
+                return await open_stream(ctx, checked, passthrough, prompt)
+            chunks = provider.chat_stream(body, acceptance)
+            renderer = ChatRenderer(model_id, include_usage, prompt, _delivered(ctx))
+            upstream = self._upstream(ctx, provider, chunks, acceptance)
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)
-        completion["model"] = ctx.model_id
+        completion["model"] = model_id
         output = functools.partial(completion_text, completion)  # read only if a count is missing
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         return _respond(ctx, completion, counts, prompt, output)
 
-    async def responses(self, ctx: RequestContext):
-        request = msgspec.to_builtins(ctx.payload)
+    async def responses(self, ctx: RequestContext) -> Response:
+        payload: ResponsesRequest = ctx.payload
+        request: JSONObject = msgspec.to_builtins(payload)
         prompt = responses_prompt_text(request)
 
-        async def serve(provider: Provider, upstream: str):
+        async def serve(provider: Provider, upstream: str) -> Response:
             return await self._responses(ctx, provider, upstream, request, prompt)
 
         return await attempt_chain(ctx, self.providers, self.metrics, serve)
 
-    async def _responses(self, ctx, provider: Provider, upstream: str, request: dict, prompt: str):
+    async def _responses(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream: str,
+        request: JSONObject,
+        prompt: str,
+    ) -> Response:
         if provider.native_responses is not False:
             try:
                 response = await self._native_responses(ctx, provider, upstream, request, prompt)
@@ -234,27 +280,43 @@ class InferenceHandlers:
             provider.native_responses = False
         return response
 
-    async def _native_responses(self, ctx, provider, upstream_model: str, request, prompt: str):
-        body = upstream_responses(request, ctx.model, ctx.model_id, upstream_model)
+    async def _native_responses(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream_model: str,
+        request: JSONObject,
+        prompt: str,
+    ) -> Response:
+        payload: ResponsesRequest = ctx.payload
+        model_id, model = _served(ctx)
+        body = upstream_responses(request, model, model_id, upstream_model)
         acceptance = Acceptance()
-        if ctx.payload.stream:
+        if payload.stream:
             events = provider.responses_stream(body, acceptance)
             upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = NativeResponsesRenderer(ctx.model_id, prompt, _delivered(ctx))
+            renderer = NativeResponsesRenderer(model_id, prompt, _delivered(ctx))
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.responses(body, acceptance)
         result = await self._call(ctx, provider, call, acceptance, prompt)
-        result["model"] = ctx.model_id
+        result["model"] = model_id
         output = functools.partial(response_text, result)
         counts = _show_billed(result, RESPONSES_KEYS, prompt, output)
         return _respond(ctx, result, counts, prompt, output)
 
     async def _translated_responses(
-        self, ctx, provider, upstream_model: str, request: dict, prompt: str
-    ):
-        stream = ctx.payload.stream
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream_model: str,
+        request: JSONObject,
+        prompt: str,
+    ) -> Response:
+        payload: ResponsesRequest = ctx.payload
+        model_id, model = _served(ctx)
+        stream = payload.stream
         chat = chat_request(request)
-        body = upstream_chat(chat, ctx.model, ctx.model_id, stream=stream, upstream=upstream_model)
+        body = upstream_chat(chat, model, model_id, stream=stream, upstream=upstream_model)
         acceptance = Acceptance()
         if stream:
             events = provider.chat_stream(body, acceptance)

@@ -11,11 +11,14 @@ so an upstream that never ends a stream costs no memory and gets no free output.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_gateway.gateway.inference.tokens import message_output, text_of
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.gateway.providers.upstream import UpstreamFailure
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 
 def past_the_limit() -> UpstreamFailure:
@@ -63,7 +66,9 @@ class Delivered:
         return count is None or count <= self.held_tokens
 
 
-def delivered_chunk(delivered: Delivered, chunk: dict, *, reasoning: bool = True) -> dict:
+def delivered_chunk(
+    delivered: Delivered, chunk: JSONObject, *, reasoning: bool = True
+) -> JSONObject:
     """A chat chunk counted as delivered, or its prefix within the hold when it crosses it
     (`delivered.cut` then says so)."""
     choices = chunk.get("choices") or ()
@@ -87,7 +92,7 @@ def prefix_within(text: str, room: int) -> tuple[str, int]:
     return kept, room - len(kept.encode())
 
 
-def cut_message(message: dict, room: int, *, reasoning: bool = True) -> dict:
+def cut_message(message: JSONObject, room: int, *, reasoning: bool = True) -> JSONObject:
     """`message` (a delta) with only the first `room` bytes of its output, in the order
     `tokens.message_output` counts it: content, refusal, reasoning, tool calls."""
     cut = dict(message)

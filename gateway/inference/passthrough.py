@@ -17,6 +17,8 @@ the hold covers is decoded and rendered cut short (ChatStream.render), and the s
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import orjson
 
@@ -97,7 +99,7 @@ class ChatPassThrough(ChatStream):
             block = block.replace(_NULL_USAGE, b"")
         return self._renamed(block, chunk.model)
 
-    def _renamed(self, block: bytes, model) -> bytes | None:
+    def _renamed(self, block: bytes, model: Any) -> bytes | None:
         if model == self.model_id:
             return block
         if type(model) is not str:

@@ -9,7 +9,8 @@ them).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from model_gateway.gateway.inference.output_limit import (
     Delivered,
@@ -18,7 +19,7 @@ from model_gateway.gateway.inference.output_limit import (
     prefix_within,
     utf8_size,
 )
-from model_gateway.gateway.inference.responses_stream import ResponsesEvents
+from model_gateway.gateway.inference.responses_stream import Event, ResponsesEvents
 from model_gateway.gateway.inference.sse import BLANK_LINE, DONE, data_event, named_event
 from model_gateway.gateway.inference.tokens import text_of
 from model_gateway.gateway.inference.usage import (
@@ -30,6 +31,9 @@ from model_gateway.gateway.inference.usage import (
 from model_gateway.gateway.providers.responses_events import RESPONSE_ENDS, ResponsesStreamEvent
 from model_gateway.gateway.providers.sse_blocks import parse_checked
 from model_gateway.pipeline.errors import GatewayError
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 
 def chat_tokens(usage: Any) -> dict[str, Any]:
@@ -70,7 +74,7 @@ class ChatStream:
     def start(self) -> bytes:
         return b""
 
-    def render(self, chunk: dict) -> bytes:
+    def render(self, chunk: JSONObject) -> bytes:
         """A decoded chunk as the client gets it (b"" when it gets nothing of it)."""
         usage = chunk.get("usage")
         if usage and not self.delivered.covers(chat_tokens(usage).get("output_tokens")):
@@ -101,27 +105,27 @@ class ChatStream:
 class ChatRenderer(ChatStream):
     """Chat chunks from a provider that reads its upstream's stream (translating or not)."""
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: JSONObject) -> bytes:
         return self.render(chunk)
 
 
 class TranslatedResponsesRenderer:
     """Chat chunks translated into Responses events."""
 
-    def __init__(self, request: dict, prompt: str, delivered: Delivered) -> None:
+    def __init__(self, request: JSONObject, prompt: str, delivered: Delivered) -> None:
         self.events = ResponsesEvents(request)
         self.prompt = prompt
         self.delivered = delivered
         self._usage: Any = None  # as the upstream reported it
 
     @staticmethod
-    def _write(events) -> bytes:
+    def _write(events: Iterable[Event]) -> bytes:
         return b"".join(named_event(name, payload) for name, payload in events)
 
     def start(self) -> bytes:
         return self._write(self.events.start())
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: JSONObject) -> bytes:
         # What the translation delivers: chat reasoning has no item (neither sent nor counted).
         chunk = delivered_chunk(self.delivered, chunk, reasoning=False)
         return self._write(self.events.feed(chunk))
@@ -180,14 +184,14 @@ class NativeResponsesRenderer:
             out.append(rendered)
         return b"".join(out)
 
-    def _cut(self, name: str, payload: dict) -> bytes:
+    def _cut(self, name: str, payload: JSONObject) -> bytes:
         """The delta that crosses the held output, cut short (see output_limit)."""
         kept, _ = prefix_within(text_of(payload.get("delta")), self.delivered.room)
         self.delivered.cut_short(utf8_size(kept))
         payload["delta"] = kept
         return named_event(name, payload)
 
-    def _rendered(self, name: str, payload: dict) -> bytes:
+    def _rendered(self, name: str, payload: JSONObject) -> bytes:
         """An event with the response object: the gateway's model id, and the usage shown."""
         response = payload.get("response")
         if isinstance(response, dict):

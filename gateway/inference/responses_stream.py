@@ -9,7 +9,9 @@ at a time); then response.completed (or response.incomplete). Every event carrie
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from model_gateway.gateway.inference.json_types import JSONObject
 from model_gateway.gateway.inference.responses_translate import (
     PART_TEXT,
     ending,
@@ -22,31 +24,32 @@ from model_gateway.gateway.inference.responses_translate import (
 from model_gateway.gateway.inference.tokens import content_text, text_of
 
 
-def _logprobs(kind: str) -> dict:
+def _logprobs(kind: str) -> JSONObject:
     return {"logprobs": []} if kind == "output_text" else {}  # only text carries them
 
 
-Event = tuple[str, dict]
+Event = tuple[str, JSONObject]
 
 
 class ResponsesEvents:
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: JSONObject) -> None:
         self.request = request  # the client's Responses request
         self.id = new_id("resp")
         self.created_at = int(time.time())
         self.sequence = 0
-        self.output: list[dict] = []
-        self.current: dict | None = None  # the open output item
-        self.calls: dict[int, dict] = {}  # chat tool call index -> its output item
+        self.output: list[JSONObject] = []
+        self.current: JSONObject | None = None  # the open output item
+        # chat tool call index (None when the upstream sent null) -> its output item
+        self.calls: dict[int | None, JSONObject] = {}
         self.finish_reason: str | None = None
-        self.usage: dict | None = None  # chat usage, when the upstream reported it
+        self.usage: Any = None  # chat usage, as the upstream reported it (when it did)
 
-    def _event(self, name: str, /, **fields) -> Event:
+    def _event(self, name: str, /, **fields: Any) -> Event:
         payload = {"type": name, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return name, payload
 
-    def _response(self, status: str, incomplete: dict | None = None) -> dict:
+    def _response(self, status: str, incomplete: JSONObject | None = None) -> JSONObject:
         return response_object(
             self.request,
             response_id=self.id,
@@ -65,7 +68,7 @@ class ResponsesEvents:
             self._event("response.in_progress", response=snapshot),
         ]
 
-    def feed(self, chunk: dict) -> list[Event]:
+    def feed(self, chunk: JSONObject) -> list[Event]:
         events: list[Event] = []
         if chunk.get("usage"):
             self.usage = chunk["usage"]
@@ -89,7 +92,7 @@ class ResponsesEvents:
         name = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self._event(name, response=self._response(status, incomplete))]
 
-    def _open(self, item: dict) -> list[Event]:
+    def _open(self, item: JSONObject) -> list[Event]:
         self.output.append(item)
         self.current = item
         added = {**item, "status": "in_progress"}
@@ -131,7 +134,7 @@ class ResponsesEvents:
         )
         return events
 
-    def _call(self, call: dict) -> list[Event]:
+    def _call(self, call: JSONObject) -> list[Event]:
         events: list[Event] = []
         function = call.get("function") or {}
         index = call.get("index", 0)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_gateway.gateway.inference.tokens import content_text, text_of
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.pipeline.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _SKIPPED_ITEMS = frozenset({"reasoning"})
@@ -22,7 +25,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def _chat_content(content: Any, where: str) -> str | list[dict]:
+def _chat_content(content: Any, where: str) -> str | list[JSONObject]:
     if isinstance(content, str) or content is None:
         return content or ""
     parts = []
@@ -39,8 +42,8 @@ def _chat_content(content: Any, where: str) -> str | list[dict]:
     return parts
 
 
-def _messages(request: dict) -> list[dict]:
-    messages: list[dict] = []
+def _messages(request: JSONObject) -> list[JSONObject]:
+    messages: list[JSONObject] = []
     if request.get("instructions"):
         messages.append({"role": "system", "content": request["instructions"]})
     items = request["input"]
@@ -76,7 +79,7 @@ def _messages(request: dict) -> list[dict]:
     return messages
 
 
-def _tools(tools: list[dict]) -> list[dict]:
+def _tools(tools: list[JSONObject]) -> list[JSONObject]:
     translated = []
     for k, tool in enumerate(tools):
         if tool.get("type") != "function":
@@ -100,7 +103,7 @@ def _tool_choice(choice: Any) -> Any:
     raise InvalidRequest("This tool_choice is not supported by this model.", param="tool_choice")
 
 
-def _response_format(text: dict) -> dict | None:
+def _response_format(text: JSONObject) -> JSONObject | None:
     fmt = text.get("format") or {}
     if fmt.get("type") == "json_schema":
         schema = {
@@ -112,7 +115,7 @@ def _response_format(text: dict) -> dict | None:
     return None
 
 
-def chat_request(request: dict) -> dict:
+def chat_request(request: JSONObject) -> JSONObject:
     """A Responses request (upstream model and limit already set) as a chat request."""
     chat: dict[str, Any] = {"model": request["model"], "messages": _messages(request)}
     if request.get("tools"):
@@ -133,13 +136,13 @@ def chat_request(request: dict) -> dict:
     return chat
 
 
-def _detail(usage: dict, details: str, name: str) -> int:
+def _detail(usage: JSONObject, details: str, name: str) -> int:
     """A count inside chat usage's details; 0 when the upstream sent none, or no count."""
     inner = usage.get(details)
     return (token_count(inner.get(name)) if isinstance(inner, dict) else None) or 0
 
 
-def response_usage(usage: Any) -> dict | None:
+def response_usage(usage: Any) -> JSONObject | None:
     """Chat usage (its counts already checked, see usage.shown_usage) as Responses usage."""
     if not usage or not isinstance(usage, dict):
         return None
@@ -162,7 +165,7 @@ def response_usage(usage: Any) -> dict | None:
 PART_TEXT = {"output_text": "text", "refusal": "refusal"}
 
 
-def message_item(item_id: str, text: str, status: str, kind: str = "output_text") -> dict:
+def message_item(item_id: str, text: str, status: str, kind: str = "output_text") -> JSONObject:
     """A message of one part: output text, or (kind "refusal") the model's refusal."""
     part: dict[str, object] = {"type": kind, PART_TEXT[kind]: text}
     if kind == "output_text":
@@ -176,7 +179,9 @@ def message_item(item_id: str, text: str, status: str, kind: str = "output_text"
     }
 
 
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> JSONObject:
     return {
         "type": "function_call",
         "id": item_id,
@@ -187,7 +192,7 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
     }
 
 
-def ending(finish_reason: str | None) -> tuple[str, dict | None]:
+def ending(finish_reason: str | None) -> tuple[str, JSONObject | None]:
     """The Response status and incomplete_details for a chat finish_reason."""
     if finish_reason == "length":
         return "incomplete", {"reason": "max_output_tokens"}
@@ -197,15 +202,15 @@ def ending(finish_reason: str | None) -> tuple[str, dict | None]:
 
 
 def response_object(
-    request: dict,
+    request: JSONObject,
     *,
     response_id: str,
     created_at: int,
     status: str,
-    output: list[dict],
-    usage: dict | None,
-    incomplete: dict | None = None,
-) -> dict:
+    output: list[JSONObject],
+    usage: JSONObject | None,
+    incomplete: JSONObject | None = None,
+) -> JSONObject:
     """A Response object; `request` is the client's Responses request."""
     response = {
         "id": response_id,
@@ -236,7 +241,7 @@ def response_object(
     return response | {name: value for name, value in optional.items() if value is not None}
 
 
-def response_from_chat(completion: dict, request: dict) -> dict:
+def response_from_chat(completion: JSONObject, request: JSONObject) -> JSONObject:
     """A chat completion as the Response to `request` (the client's Responses request)."""
     choices = completion.get("choices") or [{}]
     message = choices[0].get("message") or {}

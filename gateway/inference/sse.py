@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 DONE = b"data: [DONE]\n\n"
 BLANK_LINE = b"\n\n"  # ends an event
@@ -72,9 +75,9 @@ class SSEDecoder:
             self._event = value.decode("utf-8", "replace")
 
 
-def data_event(payload: dict) -> bytes:
+def data_event(payload: JSONObject) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def named_event(name: str, payload: dict) -> bytes:
+def named_event(name: str, payload: JSONObject) -> bytes:
     return b"event: " + name.encode() + b"\n" + data_event(payload)

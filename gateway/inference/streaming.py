@@ -24,14 +24,16 @@ own cost about 6.5 µs an event on uvloop, anyio's ten times that.
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeVar
 
 import anyio
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
 from model_gateway.gateway.inference.usage import billing, cancelled
@@ -45,22 +47,44 @@ from model_gateway.pipeline.errors import (
     ProviderTimeout,
 )
 
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
+    from model_gateway.pipeline.context import RequestContext
+
 log = logging.getLogger("gateway.inference")
 
-_END: Any = object()
+# An upstream event: a chunk, or a batch of checked events (one renderer reads each kind).
+E = TypeVar("E")
+E_contra = TypeVar("E_contra", contravariant=True)
 
 
-class Upstream:
+class _End(enum.Enum):
+    """The end-of-stream sentinel's type: one member, so `event is not _END` narrows."""
+
+    END = enum.auto()
+
+
+_END: Final = _End.END  # what `Upstream.next` returns once the stream ended
+
+
+class StreamVerdict(Protocol):
+    """The verdict on the provider of a stream, given when it ends (routing.attempts)."""
+
+    def __call__(self, error: GatewayError | None, *, abandoned: bool = ...) -> None: ...
+
+
+class Upstream(Generic[E]):
     """An upstream event iterator whose every wait is bounded by the gateway timeout."""
 
     def __init__(
         self,
-        events: AsyncIterator,
+        events: AsyncGenerator[E],
         timeout_s: float,
         provider: str,
         acceptance: Acceptance,
-        ctx: Any,
-        ended: Callable[..., None],
+        ctx: RequestContext,
+        ended: StreamVerdict,
     ) -> None:
         self.events = events
         self._bound = WaitBound(timeout_s)  # every wait for the next events
@@ -70,7 +94,7 @@ class Upstream:
         self._ended = ended  # the verdict on the provider (routing.attempts.stream_ended)
         self._judged = False
 
-    async def next(self) -> Any:
+    async def next(self) -> E | Literal[_End.END]:
         """The next event, or `_END`; ProviderTimeout when none came in time."""
         started = time.perf_counter()
         try:
@@ -98,11 +122,11 @@ class Upstream:
         self.judge(None, abandoned=True)
 
 
-class Renderer(Protocol):
+class Renderer(Protocol[E_contra]):
     """Turns upstream events into the bytes of one client-facing SSE stream."""
 
     def start(self) -> bytes: ...
-    def feed(self, event: Any) -> bytes: ...
+    def feed(self, event: E_contra) -> bytes: ...
     def finish(self) -> bytes: ...
     def error(self, error: GatewayError, request_id: str) -> bytes: ...
     def usage(self) -> dict[str, Any]: ...
@@ -120,8 +144,9 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
     judges_at_end = True  # its upstream gives the provider's verdict (routing.attempts)
+    body_iterator: AsyncGenerator[bytes]  # the stream's body (_body): closed when it ends
 
-    async def stream_response(self, send) -> None:
+    async def stream_response(self, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
@@ -136,7 +161,7 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(body, headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
         self._close = close
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.stream_response(send)
         finally:
@@ -146,7 +171,7 @@ class EventStreamResponse(StreamingResponse):
 
 
 async def open_stream(
-    ctx, upstream: Upstream, renderer: Renderer, prompt: str
+    ctx: RequestContext, upstream: Upstream[E], renderer: Renderer[E], prompt: str
 ) -> EventStreamResponse:
     """Wait for the first upstream event (errors raise as JSON), then stream the rest."""
     try:
@@ -164,7 +189,9 @@ async def open_stream(
     return EventStreamResponse(_body(ctx, first, upstream, renderer, prompt), upstream.aclose)
 
 
-async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str):
+async def _body(
+    ctx: RequestContext, first: E, upstream: Upstream[E], renderer: Renderer[E], prompt: str
+) -> AsyncGenerator[bytes]:
     digest = hashlib.sha256()
     # Until the stream completes or fails, leaving this generator means the client left
     # (cancelled at an await, or closed at a yield).
@@ -173,7 +200,7 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
     try:
         try:
             chunk = renderer.start()
-            event = first
+            event: E | Literal[_End.END] = first
             while event is not _END:
                 chunk += renderer.feed(event)
                 if chunk:
@@ -205,7 +232,13 @@ async def _body(ctx, first, upstream: Upstream, renderer: Renderer, prompt: str)
         await upstream.aclose()
 
 
-def _meter(ctx, renderer: Renderer, prompt: str, digest, outcome: Outcome) -> None:
+def _meter(
+    ctx: RequestContext,
+    renderer: Renderer[E],
+    prompt: str,
+    digest: HASH,
+    outcome: Outcome,
+) -> None:
     delivered = renderer.delivered
     if outcome == "failed" and not delivered.size:
         return  # an upstream failure before any output: the hold is released in full

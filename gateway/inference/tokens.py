@@ -6,7 +6,10 @@ and the prompt it answered are both counted here, the same way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 
 def estimate_tokens(text: str) -> int:
@@ -32,7 +35,7 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def message_output(message: dict, *, reasoning: bool = True) -> str:
+def message_output(message: JSONObject, *, reasoning: bool = True) -> str:
     """The output a chat message (or a stream's delta) carries: its text, refusal and
     reasoning, and its tool calls' names and arguments. Reasoning is what OpenAI-compatible
     servers send beside the content (vLLM, llama.cpp, DeepSeek, Ollama): output the client
@@ -53,7 +56,7 @@ def message_output(message: dict, *, reasoning: bool = True) -> str:
     return "".join(parts)
 
 
-def chat_prompt_text(request: dict) -> str:
+def chat_prompt_text(request: JSONObject) -> str:
     """Everything a Chat Completions request asks the model to read."""
     parts: list[str] = []
     for message in request.get("messages", ()):
@@ -65,7 +68,7 @@ def chat_prompt_text(request: dict) -> str:
     return "\n".join(part for part in parts if part)
 
 
-def responses_prompt_text(request: dict) -> str:
+def responses_prompt_text(request: JSONObject) -> str:
     """Everything a Responses request asks the model to read."""
     parts: list[str] = [request.get("instructions") or ""]
     items = request.get("input")
@@ -81,7 +84,7 @@ def responses_prompt_text(request: dict) -> str:
     return "\n".join(part for part in parts if part)
 
 
-def completion_text(completion: dict, *, reasoning: bool = True) -> str:
+def completion_text(completion: JSONObject, *, reasoning: bool = True) -> str:
     """The output of a chat completion (see `message_output`); `reasoning` False: what a
     translation into a Response delivers, which has no item for it."""
     return "".join(
@@ -90,7 +93,7 @@ def completion_text(completion: dict, *, reasoning: bool = True) -> str:
     )
 
 
-def response_text(response: dict) -> str:
+def response_text(response: JSONObject) -> str:
     """The output of a Response object: message text, reasoning (its summary and text),
     function names and arguments."""
     parts: list[str] = []

@@ -19,7 +19,7 @@ class WaitBound:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[object] | None = None
         self._since: float | None = None  # the loop's time the current wait began
         self._timer: asyncio.TimerHandle | None = None
         self._when = 0.0  # the loop's time the timer is armed for

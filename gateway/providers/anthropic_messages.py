@@ -222,7 +222,7 @@ class ChunkTranslator:
         self.model = model
         self.id = "chatcmpl-"
         self.created = int(time.time())
-        # content block index (null when the upstream sent none) -> tool call index
+        # content block index (None when the upstream sent null) -> tool call index
         self.tool_calls: dict[int | None, int] = {}
         self.finish_reason = "stop"
         self.usage: dict[str, Any] = {}  # as reported: chat_usage checks the counts
