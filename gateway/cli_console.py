@@ -6,11 +6,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from model_gateway.gateway import cli
-from model_gateway.gateway.console.views import iso, payment_view, user_view
+from model_gateway.gateway.admin import key_admin, money_admin, project_admin, user_admin
+from model_gateway.gateway.admin.admin_context import AdminContext
+from model_gateway.gateway.admin.admin_views import (
+    iso,
+    key_view,
+    payment_view,
+    project_view,
+    user_view,
+)
+from model_gateway.gateway.cli_args import (
+    CliError,
+    confirmed_view,
+    csv,
+    parse_amount_arg,
+    parse_time,
+    positive_int,
+)
 from model_gateway.storage import RecordNotFound
-from model_gateway.storage.base import UserRecord, new_id, now_s
 
 
 def _listing(args, records: list[dict], label) -> dict:
@@ -20,33 +35,22 @@ def _listing(args, records: list[dict], label) -> dict:
     return {record["id"]: label(record) for record in records} or {"(none)": ""}
 
 
-async def users_create(args, config, storage) -> dict:
-    from model_gateway.gateway.console.passwords import hash_password
-
+async def users_create(args, admin: AdminContext) -> dict:
     if not args.password_stdin:
-        raise cli.CliError("give the password on standard input with --password-stdin")
+        raise CliError("give the password on standard input with --password-stdin")
     password = sys.stdin.readline().rstrip("\r\n")
-    try:
-        password_hash = hash_password(password)
-    except ValueError as exc:
-        raise cli.CliError(str(exc)) from None
-    user = UserRecord(
-        id=new_id("usr"), email=args.email.strip(), password_hash=password_hash, created_at=now_s()
-    )
-    if "@" not in user.email:
-        raise cli.CliError(f"not an email address: {args.email!r}")
-    return user_view(await storage.create_user(user, args.role))
+    return dict(user_view(await user_admin.create_user(admin, args.email, password, args.role)))
 
 
-async def users_grant(args, config, storage) -> dict:
-    await storage.grant_project(args.email, args.project)
-    user = await storage.get_user(args.email)
-    return user_view(user, sorted(await storage.granted_projects(user.id)))
+async def users_grant(args, admin: AdminContext) -> dict:
+    user = await user_admin.grant_project(admin, args.email, args.project)
+    return dict(user_view(user, sorted(await admin.storage.granted_projects(user.id))))
 
 
-async def users_list(args, config, storage) -> dict:
+async def users_list(args, admin: AdminContext) -> dict:
+    storage = admin.storage
     users = [
-        user_view(user, sorted(await storage.granted_projects(user.id)))
+        dict(user_view(user, sorted(await storage.granted_projects(user.id))))
         for user in await storage.list_users()
     ]
     return _listing(
@@ -56,31 +60,31 @@ async def users_list(args, config, storage) -> dict:
     )
 
 
-async def users_disable(args, config, storage) -> dict:
-    return user_view(await storage.disable_user(args.email))
+async def users_disable(args, admin: AdminContext) -> dict:
+    return dict(user_view(await user_admin.disable_user(admin, args.email)))
 
 
-async def payments_record(args, config, storage) -> dict:
-    from model_gateway.gateway.console.records import record_payment
+async def payments_record(args, admin: AdminContext) -> dict:
+    payment = await money_admin.record_payment(
+        admin, args.project, args.amount, args.reference, None
+    )
+    project = await admin.storage.get_project(args.project)
+    if project is None:  # recorded, so it exists
+        raise RecordNotFound(f"no project {args.project}")
+    return {**payment_view(payment), "balance": (await project_view(admin, project))["balance"]}
 
-    if args.amount <= 0:
-        raise cli.CliError("a payment must be more than zero")
-    payment = await record_payment(storage, args.project, args.amount, args.reference, None)
-    project = await cli.project_view(storage, await storage.get_project(args.project))
-    return {**payment_view(payment), "balance": project["balance"]}
 
-
-async def projects_list(args, config, storage) -> dict:
-    projects = [await cli.project_view(storage, p) for p in await storage.list_projects()]
+async def projects_list(args, admin: AdminContext) -> dict:
+    projects = [dict(await project_view(admin, p)) for p in await admin.storage.list_projects()]
     return _listing(args, projects, lambda p: f"{p['name']} {p['state']} balance {p['balance']}")
 
 
-async def keys_list(args, config, storage) -> dict:
-    if await storage.get_project(args.project) is None:
+async def keys_list(args, admin: AdminContext) -> dict:
+    if await admin.storage.get_project(args.project) is None:
         raise RecordNotFound(f"no project {args.project}")
     listed = []
-    for listing in await storage.list_keys(args.project):
-        view = await cli.key_view(storage, listing.key)
+    for listing in await admin.storage.list_keys(args.project):
+        view = await key_view(admin, listing.key)
         listed.append({**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)})
     return _listing(args, listed, lambda k: f"{k['prefix']} {k['state']} {','.join(k['scopes'])}")
 
@@ -94,45 +98,42 @@ def _or_none(parse):
     return convert
 
 
-def _changes(args, names: tuple[str, ...]) -> dict:
+def _changes(args, names: tuple[str, ...]) -> Any:
+    """The given flags (absent ones are unchanged), as the admin service's changes."""
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
-async def projects_update(args, config, storage) -> dict:
+async def projects_update(args, admin: AdminContext) -> dict:
     changes = _changes(args, ("monthly_budget", "rpm", "allow_models", "exclude_models"))
-    if changes.get("exclude_models", []) is None:
-        changes["exclude_models"] = []
-    project = await storage.update_project(args.id, changes)
-    return await cli.confirmed_change(config, storage, await cli.project_view(storage, project))
+    updated = await project_admin.update_project(admin, args.id, changes)
+    return confirmed_view(await project_view(admin, updated.record), updated)
 
 
-async def keys_update(args, config, storage) -> dict:
+async def keys_update(args, admin: AdminContext) -> dict:
     changes = _changes(args, ("name", "models", "monthly_limit", "expires_at", "rpm"))
-    key = await storage.update_key(args.prefix, changes)
-    return await cli.confirmed_change(config, storage, await cli.key_view(storage, key))
+    updated = await key_admin.update_key(admin, args.prefix, changes)
+    return confirmed_view(await key_view(admin, updated.record), updated)
 
 
 def _update_parsers(groups, common) -> None:
     hidden = {"default": argparse.SUPPRESS}  # absent: unchanged
-    csv = _or_none(cli._csv)
+    csv_or_none = _or_none(csv)
     p = _subparsers(groups["projects"]).add_parser("update", parents=[common])
     p.add_argument("id")
-    p.add_argument(
-        "--budget", dest="monthly_budget", type=_or_none(cli._parse_amount_arg), **hidden
-    )
-    p.add_argument("--rpm", type=_or_none(cli._positive_int), **hidden)
-    p.add_argument("--allow-models", dest="allow_models", type=csv, **hidden)
-    p.add_argument("--exclude-models", dest="exclude_models", type=csv, **hidden)
+    p.add_argument("--budget", dest="monthly_budget", type=_or_none(parse_amount_arg), **hidden)
+    p.add_argument("--rpm", type=_or_none(positive_int), **hidden)
+    p.add_argument("--allow-models", dest="allow_models", type=csv_or_none, **hidden)
+    p.add_argument("--exclude-models", dest="exclude_models", type=csv_or_none, **hidden)
     p.set_defaults(action_fn=projects_update)
     p = _subparsers(groups["keys"]).add_parser("update", parents=[common])
     p.add_argument("prefix")
     p.add_argument("--name", type=_or_none(str), **hidden)
-    p.add_argument("--models", type=csv, **hidden)
+    p.add_argument("--models", type=csv_or_none, **hidden)
     p.add_argument(
-        "--monthly-limit", dest="monthly_limit", type=_or_none(cli._parse_amount_arg), **hidden
+        "--monthly-limit", dest="monthly_limit", type=_or_none(parse_amount_arg), **hidden
     )
-    p.add_argument("--expires-at", dest="expires_at", type=_or_none(cli._parse_time), **hidden)
-    p.add_argument("--rpm", type=_or_none(cli._positive_int), **hidden)
+    p.add_argument("--expires-at", dest="expires_at", type=_or_none(parse_time), **hidden)
+    p.add_argument("--rpm", type=_or_none(positive_int), **hidden)
     p.set_defaults(action_fn=keys_update)
 
 
@@ -165,7 +166,7 @@ def add_parsers(commands, common) -> None:
     )
     p = payments.add_parser("record", parents=[common])
     p.add_argument("--project", required=True)
-    p.add_argument("amount", type=cli._parse_amount_arg)
+    p.add_argument("amount", type=parse_amount_arg)
     p.add_argument("--reference", required=True, help="unique per project, e.g. an invoice no.")
     p.set_defaults(action_fn=payments_record)
 

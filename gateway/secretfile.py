@@ -1,4 +1,5 @@
-"""Secrets that live in their own files, never in the database."""
+"""Secrets that live in their own files, never in the database, and the private mode of every
+file the CLI and the server create."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import secrets
 from pathlib import Path
 
 from model_gateway.storage.files import make_private_dirs
+
+# Files the CLI and the server create (database, WAL, secrets) are the operator's alone.
+PRIVATE_UMASK = 0o077
+
+
+def restrict_file_modes() -> None:
+    """Every file this process creates from now on is 0600, every folder 0700."""
+    os.umask(PRIVATE_UMASK)
 
 
 def load_or_create_secret(path: Path, nbytes: int = 32) -> bytes:

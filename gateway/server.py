@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from model_gateway.gateway.cli import restrict_file_modes
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.logs import configure_logging
+from model_gateway.gateway.secretfile import restrict_file_modes
 from model_gateway.gateway.summary import console_url, listen_url
 
 MAX_HEADER_FIELDS = 100  # decisions.md; a fixed number, not a config key

@@ -96,3 +96,109 @@ def test_every_package_folder_is_installed():
         for init in (ROOT / package).rglob("__init__.py")
     }
     assert folders == listed
+
+
+def _module_names() -> dict[str, Path]:
+    """Every module of the packages by dotted name (a package by its folder's name)."""
+    found = {}
+    for package in PACKAGES:
+        for path in modules(package):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_modules(path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules a module imports when it runs: at any depth (a function's lazy
+    import too), except under `if TYPE_CHECKING:`. `from pkg import sub` imports the package
+    and, when `sub` is a module, the module."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for statement in child.orelse:
+                    visit_one(statement)
+                continue
+            visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            visit(node)
+            return
+        for name in names:
+            if not name.startswith("model_gateway."):
+                continue
+            name = name.removeprefix("model_gateway.")
+            while name and name not in known:  # `from m import function`: the module m
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                strong(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            strong(module)
+    return found
+
+
+def test_no_import_circle_among_product_modules():
+    """Imports point one way between modules too: a circle (cli -> server -> app -> console
+    -> cli, say) makes the import order matter and every module in it load all the others.
+    Imports under `if TYPE_CHECKING:` do not run and do not count; lazy ones do."""
+    known = _module_names()
+    graph = {
+        name: {target for target in _imported_modules(path, known) if target != name}
+        for name, path in known.items()
+    }
+    circles = _circles(graph)
+    described = "\n\n".join(
+        "\n".join(f"  {m} -> {', '.join(sorted(graph[m] & set(circle)))}" for m in circle)
+        for circle in circles
+    )
+    assert not circles, f"import circles among the modules (each imports):\n{described}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import calendar
 from datetime import UTC, date, datetime, timedelta
 
-from model_gateway.gateway import cli
+from model_gateway.gateway.admin import money_admin
+from model_gateway.gateway.admin.admin_views import payment_view, project_view
 from model_gateway.gateway.api import receipt_view
-from model_gateway.gateway.console import records
 from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import (
     project_of,
@@ -15,7 +15,7 @@ from model_gateway.gateway.console.guard import (
     require_owner,
 )
 from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
-from model_gateway.gateway.console.views import ledger_view, page, payment_view
+from model_gateway.gateway.console.views import ledger_view, page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.money import format_amount
 from model_gateway.pipeline.endpoint import Endpoint
@@ -69,7 +69,7 @@ async def usage_report(storage, project_id: str, first: date, last: date, group_
 
 
 def routes(console) -> list[Endpoint]:
-    storage = console.storage
+    storage, admin = console.storage, console.admin
 
     async def usage(call: Call):
         found = await project_of(storage, call)
@@ -111,14 +111,14 @@ def routes(console) -> list[Endpoint]:
         fields.unknown()
         require_active(found)
         try:
-            payment = await records.record_payment(
-                storage, found.id, amount, reference, call.user.email
+            payment = await money_admin.record_payment(
+                admin, found.id, amount, reference, call.user.email
             )
         except AmountOverflow:
             raise Conflict(BALANCE_FULL) from None
         except StateConflict:
             raise Conflict("A payment with this reference is already recorded.") from None
-        view = await cli.project_view(storage, found)
+        view = await project_view(admin, found)
         return json_response({**payment_view(payment), "balance": view["balance"]}, status=201)
 
     return [

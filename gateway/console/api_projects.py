@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from model_gateway.gateway import cli
-from model_gateway.gateway.admin_confirm import confirm_admin_change
-from model_gateway.gateway.console import records
+from model_gateway.gateway.admin import key_admin, project_admin, sandbox_admin
+from model_gateway.gateway.admin.admin_context import AdminContext
+from model_gateway.gateway.admin.admin_views import (
+    iso,
+    key_view,
+    sandbox_view,
+    with_instances,
+)
+from model_gateway.gateway.admin.admin_views import project_view as admin_project_view
+from model_gateway.gateway.admin.project_admin import ProjectChanges
 from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import (
     project_of,
@@ -14,21 +21,22 @@ from model_gateway.gateway.console.guard import (
 )
 from model_gateway.gateway.console.onchain import address_of
 from model_gateway.gateway.console.payload import Fields
-from model_gateway.gateway.console.views import iso, page
+from model_gateway.gateway.console.views import page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from model_gateway.storage import PayerAddressTaken, StateConflict
+from model_gateway.storage.base import KeyListing, ProjectRecord
 
 _PROJECT = "/console/api/projects/{project_id}"
 MEMBER_PATCH_FIELDS = frozenset({"name"})  # what a member may PATCH (decisions, Hardening III)
 
 
-async def project_view(storage, project) -> dict:
+async def project_view(admin: AdminContext, project: ProjectRecord) -> dict:
     """The CLI's view of a project, with the addresses it pays from onchain."""
-    view = await cli.project_view(storage, project)
-    return {**view, "payer_addresses": await storage.payer_addresses(project.id)}
+    view = await admin_project_view(admin, project)
+    return {**view, "payer_addresses": await admin.storage.payer_addresses(project.id)}
 
 
 def _payers(fields: Fields) -> list[str] | None:
@@ -39,30 +47,33 @@ def _payers(fields: Fields) -> list[str] | None:
     return sorted({address_of(v, f"payer_addresses.{n}") for n, v in enumerate(values)})
 
 
-async def key_listing_view(storage, listing) -> dict:
-    view = await cli.key_view(storage, listing.key)
+async def key_listing_view(admin: AdminContext, listing: KeyListing) -> dict:
+    view = await key_view(admin, listing.key)
     return {**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)}
 
 
-def _project_options(fields: Fields) -> dict:
+def _project_options(fields: Fields) -> ProjectChanges:
     """The changeable fields present in the body (None clears an optional limit)."""
-    readers = {
-        "monthly_budget": fields.amount,
-        "rpm": fields.positive_int,
-        "allow_models": fields.string_list,
-        "exclude_models": fields.string_list,
-    }
-    return {name: read(name) for name, read in readers.items() if fields.has(name)}
+    options: ProjectChanges = {}
+    if fields.has("monthly_budget"):
+        options["monthly_budget"] = fields.amount("monthly_budget")
+    if fields.has("rpm"):
+        options["rpm"] = fields.positive_int("rpm")
+    if fields.has("allow_models"):
+        options["allow_models"] = fields.string_list("allow_models")
+    if fields.has("exclude_models"):
+        options["exclude_models"] = fields.string_list("exclude_models")
+    return options
 
 
 def routes(console) -> list[Endpoint]:
-    storage, config = console.storage, console.config
+    storage, admin = console.storage, console.admin
 
     async def list_projects(call: Call):
         user = call.user
         ids = None if user.role == "owner" else await storage.granted_projects(user.id)
         projects = await storage.list_projects(ids)
-        return json_response(page([await project_view(storage, p) for p in projects]))
+        return json_response(page([await project_view(admin, p) for p in projects]))
 
     async def create_project(call: Call):
         require_owner(call.user)
@@ -70,11 +81,12 @@ def routes(console) -> list[Endpoint]:
         name = fields.string("name", required=True)
         options = _project_options(fields)
         fields.unknown()
-        created = await records.create_project(config, storage, name=name, **options)
-        return json_response({**created, "payer_addresses": []}, status=201)
+        created = await project_admin.create_project(admin, name=name, **options)
+        view = await admin_project_view(admin, created)
+        return json_response({**view, "payer_addresses": []}, status=201)
 
     async def show_project(call: Call):
-        return json_response(await project_view(storage, await project_of(storage, call)))
+        return json_response(await project_view(admin, await project_of(storage, call)))
 
     async def patch_project(call: Call):
         found = await project_of(storage, call)
@@ -87,14 +99,12 @@ def routes(console) -> list[Endpoint]:
         changes = _project_options(fields)
         payers = _payers(fields)
         fields.unknown()
-        if changes.get("exclude_models", []) is None:
-            changes["exclude_models"] = []  # null clears the exclusions
         require_active(found)
         try:
             # The payers first: one another project holds refuses the whole change.
-            if payers is not None:
-                await storage.set_payer_addresses(found.id, payers)
-            updated = await storage.update_project(found.id, changes)
+            updated = await project_admin.update_project(
+                admin, found.id, changes, payer_addresses=payers
+            )
         except PayerAddressTaken:
             raise Conflict(
                 "Another project has registered this payer address: an address pays for one"
@@ -103,21 +113,23 @@ def routes(console) -> list[Endpoint]:
             ) from None
         except StateConflict:
             raise Conflict("The project is archived: it is read-only.") from None
-        return json_response(await confirmed(await project_view(storage, updated)))
+        view = await project_view(admin, updated.record)
+        return json_response(with_instances(view, updated.confirmation))
 
     async def archive_project(call: Call):
         require_owner(call.user)
         found = await project_of(storage, call)
         try:
-            archived = await storage.archive_project(found.id)
+            archived = await project_admin.archive_project(admin, found.id)
         except StateConflict:
             raise Conflict("The project is already archived.") from None
-        return json_response(await confirmed(await project_view(storage, archived)))
+        view = await project_view(admin, archived.record)
+        return json_response(with_instances(view, archived.confirmation))
 
     async def list_keys(call: Call):
         found = await project_of(storage, call)
         listings = await storage.list_keys(found.id)
-        return json_response(page([await key_listing_view(storage, x) for x in listings]))
+        return json_response(page([await key_listing_view(admin, x) for x in listings]))
 
     async def create_key(call: Call):
         found = await project_of(storage, call)
@@ -132,10 +144,9 @@ def routes(console) -> list[Endpoint]:
         name = fields.string("name")
         fields.unknown()
         require_active(found)
-        created = await records.create_key(config, storage, found.id, scopes, **options)
-        if name is not None:
-            await storage.update_key(created["prefix"], {"name": name})
-        return json_response({**created, "name": name, "last_used_at": None}, status=201)
+        created = await key_admin.create_key(admin, found.id, scopes=scopes, name=name, **options)
+        view = {"key": created.secret, **await key_view(admin, created.record)}
+        return json_response({**view, "name": name, "last_used_at": None}, status=201)
 
     async def revoke_key(call: Call):
         key = await storage.get_key(call.params["prefix"])
@@ -143,20 +154,16 @@ def routes(console) -> list[Endpoint]:
             raise NotFound("No key with this prefix exists.")
         await visible_project(storage, call.user, key.project_id)  # else as absent: 404
         try:
-            revoked = await storage.revoke_key(key.prefix)
+            revoked = await key_admin.revoke_key(admin, key.prefix)
         except StateConflict:
             raise Conflict("The key is already revoked.") from None
-        return json_response(await confirmed(await cli.key_view(storage, revoked)))
-
-    async def confirmed(view: dict) -> dict:
-        """Answered once every live instance dropped the change (gateway/admin_confirm.py)."""
-        confirmation = await confirm_admin_change(storage, config.cluster.lease_s)
-        return {**view, "instances": confirmation.view()}
+        view = await key_view(admin, revoked.record)
+        return json_response(with_instances(view, revoked.confirmation))
 
     async def list_sandboxes(call: Call):
         found = await project_of(storage, call)
         sandboxes = await storage.list_sandboxes(found.id)
-        return json_response(page([cli.sandbox_view(s) for s in sandboxes]))
+        return json_response(page([sandbox_view(s) for s in sandboxes]))
 
     async def create_sandbox(call: Call):
         found = await project_of(storage, call)
@@ -170,12 +177,8 @@ def routes(console) -> list[Endpoint]:
             limits[name] = SANDBOX_LIMITS[name].default if value is None else value
         fields.unknown()
         require_active(found)
-        try:
-            created = await records.create_sandbox(config, storage, found.id, runtime, **limits)
-        except cli.CliError as exc:
-            message = str(exc).replace("--", "").replace("-", "_")
-            raise InvalidRequest(message, param=exc.param) from None
-        return json_response({**created, "payer_addresses": []}, status=201)
+        created = await sandbox_admin.create_sandbox(admin, found.id, runtime=runtime, **limits)
+        return json_response({**sandbox_view(created), "payer_addresses": []}, status=201)
 
     return [
         Endpoint("GET", "/console/api/projects", SESSION, list_projects),

@@ -3,7 +3,8 @@ transaction and credits it; GET .../purchases/{tx_hash} only reports where it st
 
 from __future__ import annotations
 
-from model_gateway.gateway import cli
+from model_gateway.gateway.admin import money_admin
+from model_gateway.gateway.admin.admin_views import iso, project_view
 from model_gateway.gateway.console.api_money import BALANCE_FULL
 from model_gateway.gateway.console.call import SESSION, Call
 from model_gateway.gateway.console.guard import project_of, require_active
@@ -14,7 +15,6 @@ from model_gateway.gateway.console.onchain import (
     tx_hash_of,
 )
 from model_gateway.gateway.console.payload import Fields
-from model_gateway.gateway.console.views import iso
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.metering import current_month
 from model_gateway.gateway.money import format_amount
@@ -45,7 +45,7 @@ def purchase_view(purchase: PurchaseRecord, status: str = "credited") -> dict:
 
 
 def routes(console) -> list[Endpoint]:
-    storage = console.storage
+    storage, admin = console.storage, console.admin
     settings = console.config.purchases
     chain = ChainReader(settings) if settings is not None else None
 
@@ -87,12 +87,12 @@ def routes(console) -> list[Endpoint]:
         if not isinstance(record, PurchaseRecord):
             return record  # pending
         try:
-            await storage.record_purchase(record)
+            await money_admin.credit_purchase(admin, record)
         except AmountOverflow:
             raise Conflict(BALANCE_FULL) from None
         except StateConflict:
             raise Conflict(ALREADY_CREDITED) from None
-        view = await cli.project_view(storage, project)
+        view = await project_view(admin, project)
         return json_response({**purchase_view(record), "balance": view["balance"]}, status=201)
 
     async def get(call: Call):

@@ -3,10 +3,10 @@ sign-in both the JSON endpoint and the sign-in form (without JavaScript) go thro
 
 from __future__ import annotations
 
+from model_gateway.gateway.admin.admin_views import user_view
+from model_gateway.gateway.admin.passwords import check_password
 from model_gateway.gateway.console.call import SESSION, Call, no_content
-from model_gateway.gateway.console.passwords import check_password
 from model_gateway.gateway.console.payload import Fields
-from model_gateway.gateway.console.views import user_view
 from model_gateway.gateway.json_response import json_response
 from model_gateway.pipeline.context import context_of
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from model_gateway.gateway.admin.admin_context import InvalidChange, admin_context
 from model_gateway.gateway.console import (
     api_agents,
     api_money,
@@ -28,12 +29,14 @@ from model_gateway.gateway.console.guard import (
 from model_gateway.gateway.console.prefix import under_prefix
 from model_gateway.gateway.console.sessions import Sessions
 from model_gateway.gateway.console.throttle import LoginThrottle
+from model_gateway.gateway.metering import current_month
 from model_gateway.pipeline import chain
 from model_gateway.pipeline.context import context_of
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint, RouteTable
 from model_gateway.pipeline.errors import (
     Conflict,
     GatewayError,
+    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     Unauthenticated,
@@ -58,6 +61,7 @@ class Console:
         self.gateway = gateway
         self.config = gateway.config
         self.storage = gateway.storage
+        self.admin = admin_context(self.storage, self.config, current_month)  # its changes
         self.public_url = self.config.server.public_url
         self.sessions = Sessions(
             self.storage,
@@ -152,13 +156,16 @@ class Console:
 
 
 async def _answer(endpoint: Endpoint, call: Call) -> Response:
-    """The handler's response; a record gone or changed meanwhile is a 404 or a 409."""
+    """The handler's response; a record gone or changed meanwhile is a 404 or a 409, a
+    change the admin service refuses for its input a 400 naming the field."""
     try:
         return await endpoint.handler(call)
     except RecordNotFound:
         raise NotFound() from None
     except StateConflict:
         raise Conflict() from None
+    except InvalidChange as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
 
 
 class ConsoleMount:

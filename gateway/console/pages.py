@@ -10,7 +10,7 @@ from importlib import resources
 
 from starlette.responses import RedirectResponse, Response
 
-from model_gateway.gateway import cli
+from model_gateway.gateway.admin.admin_views import project_view
 from model_gateway.gateway.console import (
     pages_agents,
     pages_project,
@@ -115,7 +115,7 @@ def routes(console) -> list[Endpoint]:
         ids = None if user.role == "owner" else await storage.granted_projects(user.id)
         rows = []
         for record in await storage.list_projects(ids):
-            p = await cli.project_view(storage, record)
+            p = await project_view(console.admin, record)
             rows.append(
                 [
                     f'<a href="/console/projects/{esc(p["id"])}">{esc(p["name"])}</a>',

@@ -71,7 +71,7 @@ def routes(console) -> list[Endpoint]:
 
     async def overview(call: Call):
         project = await project_of(storage, call)
-        p = await project_view(storage, project)
+        p = await project_view(console.admin, project)
         onchain = console.config.purchases is not None
         stored = {name: parse_amount(p[name], at_most=None) for name in ("balance", "reserved")}
         available = stored["balance"] - stored["reserved"]
@@ -125,7 +125,7 @@ def routes(console) -> list[Endpoint]:
         project = await project_of(storage, call)
         rows = []
         for listing in await storage.list_keys(project.id):
-            k = await key_listing_view(storage, listing)
+            k = await key_listing_view(console.admin, listing)
             revoke = ""
             if k["state"] == "usable":
                 revoke = (

@@ -1,16 +1,20 @@
-"""Console passwords: argon2id (argon2-cffi), imported on first use so that the server's
+"""Console users' passwords: argon2id (argon2-cffi), imported on first use so that the server's
 start-up and idle memory do not carry it. Hashing runs off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from argon2 import PasswordHasher
 
 MIN_LENGTH = 10
 
 
 @functools.cache
-def _hasher():
+def _hasher() -> PasswordHasher:
     from argon2 import PasswordHasher  # lazy: only a sign-in or `users create` needs it
 
     return PasswordHasher()  # argon2id, the library's current recommended parameters

@@ -1,0 +1,99 @@
+"""What every admin change runs with: the storage and the few settings changes depend on,
+the errors a change refuses with, and the confirmation of changes the instances cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
+
+from model_gateway.gateway.admin_confirm import Confirmation, confirm_admin_change
+from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.storage import Storage
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class InvalidChange(Exception):
+    """A change refused for its input: `param` (a field, e.g. "timeout_s") and why. The
+    message is "<param> <reason>" (the console's); the CLI names the flag instead."""
+
+    def __init__(self, reason: str, param: str | None = None) -> None:
+        super().__init__(reason if param is None else f"{param} {reason}")
+        self.reason = reason
+        self.param = param
+
+
+class NotPermitted(Exception):
+    """A change this deployment does not allow (development credit in production)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdminContext:
+    storage: Storage
+    production: bool  # [server] environment = "production": no development credit
+    key_pepper_file: Path  # [secrets] key_pepper_file, resolved: keys' HMAC pepper
+    lease_s: float  # [cluster] lease_s: a confirmation waits at most 1.5 leases
+    month: Callable[[], str]  # the current UTC month, "YYYY-MM" (gateway.metering)
+
+    def pepper(self) -> bytes:
+        """The keys' pepper, created on first use (0600)."""
+        return load_or_create_secret(self.key_pepper_file)
+
+
+class _Server(Protocol):
+    @property
+    def environment(self) -> str: ...
+
+
+class _Secrets(Protocol):
+    @property
+    def key_pepper_file(self) -> str: ...
+
+
+class _Cluster(Protocol):
+    @property
+    def lease_s(self) -> float: ...
+
+
+class DeploymentConfig(Protocol):
+    """What the admin service reads of gateway.config.Config."""
+
+    @property
+    def server(self) -> _Server: ...
+
+    @property
+    def secrets(self) -> _Secrets: ...
+
+    @property
+    def cluster(self) -> _Cluster: ...
+
+    def path(self, relative: str) -> Path: ...
+
+
+def admin_context(
+    storage: Storage, config: DeploymentConfig, month: Callable[[], str]
+) -> AdminContext:
+    """The context of a deployment's admin changes (the CLI's command, the console)."""
+    return AdminContext(
+        storage=storage,
+        production=config.server.environment == "production",
+        key_pepper_file=config.path(config.secrets.key_pepper_file),
+        lease_s=config.cluster.lease_s,
+        month=month,
+    )
+
+
+@dataclass(frozen=True)
+class ConfirmedChange(Generic[R_co]):
+    """A committed change and which live instances dropped it from their caches."""
+
+    record: R_co
+    confirmation: Confirmation
+
+
+async def confirmed(admin: AdminContext, record: R) -> ConfirmedChange[R]:
+    """The change, once every live instance acknowledged it (or its lease ended)."""
+    return ConfirmedChange(record, await confirm_admin_change(admin.storage, admin.lease_s))

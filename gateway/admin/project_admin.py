@@ -1,0 +1,70 @@
+"""Projects: create, update (limits, model policy, payer addresses), archive."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from model_gateway.gateway.admin.admin_context import AdminContext, ConfirmedChange, confirmed
+from model_gateway.gateway.admin.money_admin import add_credit, check_credit_permitted
+from model_gateway.storage.base import ProjectRecord, new_id, now_s
+
+
+class ProjectChanges(TypedDict, total=False):
+    """The fields to change; a present None clears an optional limit."""
+
+    monthly_budget: int | None
+    rpm: int | None
+    allow_models: list[str] | None
+    exclude_models: list[str] | None  # None: no exclusions
+
+
+async def create_project(
+    admin: AdminContext,
+    *,
+    name: str,
+    monthly_budget: int | None = None,
+    rpm: int | None = None,
+    allow_models: list[str] | None = None,
+    exclude_models: list[str] | None = None,
+    balance: int | None = None,
+) -> ProjectRecord:
+    """A new active project; a `balance` is development credit (NotPermitted in
+    production, refused before the project exists: never half-made)."""
+    if balance:
+        check_credit_permitted(admin)
+    project = ProjectRecord(
+        id=new_id("prj"),
+        name=name,
+        monthly_budget=monthly_budget,
+        rpm=rpm,
+        allow_models=allow_models,
+        exclude_models=exclude_models or [],
+        created_at=now_s(),
+    )
+    await admin.storage.create_project(project)
+    if balance:
+        await add_credit(admin, project.id, balance)
+    return project
+
+
+async def update_project(
+    admin: AdminContext,
+    project_id: str,
+    changes: ProjectChanges,
+    *,
+    payer_addresses: list[str] | None = None,
+) -> ConfirmedChange[ProjectRecord]:
+    """Change an active project (RecordNotFound, StateConflict when archived); the payer
+    addresses first (None: unchanged), so that one another project holds refuses the
+    whole change (PayerAddressTaken)."""
+    fields: dict[str, object] = dict(changes)
+    if "exclude_models" in fields and fields["exclude_models"] is None:
+        fields["exclude_models"] = []
+    if payer_addresses is not None:
+        await admin.storage.set_payer_addresses(project_id, payer_addresses)
+    return await confirmed(admin, await admin.storage.update_project(project_id, fields))
+
+
+async def archive_project(admin: AdminContext, project_id: str) -> ConfirmedChange[ProjectRecord]:
+    """Archive an active project: its keys stop working (RecordNotFound, StateConflict)."""
+    return await confirmed(admin, await admin.storage.archive_project(project_id))

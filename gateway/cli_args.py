@@ -1,0 +1,63 @@
+"""What the CLI's commands share (gateway/cli.py, gateway/cli_console.py): their error, the
+argument types argparse converts with, and how a confirmed change is reported."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from model_gateway.gateway.admin.admin_context import ConfirmedChange, InvalidChange
+from model_gateway.gateway.admin.admin_views import with_instances
+from model_gateway.gateway.money import parse_amount
+
+
+class CliError(Exception):
+    """A command refused for its arguments: `invalid_request`, exit 1."""
+
+
+def csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_amount_arg(text: str) -> int:
+    try:
+        return parse_amount(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_time(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp())
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def refusal_message(exc: InvalidChange) -> str:
+    """An admin refusal in the CLI's words: the field named by its flag."""
+    return exc.reason if exc.param is None else f"--{exc.param.replace('_', '-')} {exc.reason}"
+
+
+def confirmed_view(
+    view: Mapping[str, object], change: ConfirmedChange[object]
+) -> dict[str, object]:
+    """The view of a changed key or project (revoked, archived, updated) with `instances`;
+    an instance that did not confirm is also named on stderr."""
+    confirmation = change.confirmation
+    for name in confirmation.dead:
+        print(f"gateway: instance {name} did not confirm; its lease ended", file=sys.stderr)
+    for name in confirmation.unconfirmed:
+        print(f"gateway: instance {name} has not confirmed yet", file=sys.stderr)
+    return with_instances(view, confirmation)
