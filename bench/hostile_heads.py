@@ -1,4 +1,4 @@
-"""What the request-head limit costs, and what it saves: gateway/server.py.
+"""What the request-head limit costs, and what it saves: gateway/ops/server.py.
 
 Runs the gateway three ways on the same config and database layout:
 
@@ -74,7 +74,7 @@ def serve_variant(variant: str, config_path: str) -> None:
     """The server process of one variant (this script re-run with --serve): what
     `gateway serve` runs, with only uvicorn's HTTP protocol changed."""
     from model_gateway.gateway.config import load_config
-    from model_gateway.gateway.server import serve
+    from model_gateway.gateway.ops.server import serve
 
     overrides = {
         "bounded": {},
@@ -335,7 +335,7 @@ def micro(requests: int, rounds: int) -> str:
     import uvloop
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from model_gateway.gateway.server import HeadLimits, protocol_class
+    from model_gateway.gateway.ops.server import HeadLimits, protocol_class
 
     variants = {"stock": HttpToolsProtocol, "bounded": protocol_class(HeadLimits())}
     best = dict.fromkeys(variants, float("inf"))

@@ -28,7 +28,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from model_gateway.gateway.metering import StorageMeter, current_month
+from model_gateway.gateway.metering.storage_meter import StorageMeter, current_month
 from model_gateway.gateway.proofs.log import TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree, leaf_hash

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model_gateway.gateway.leased_meter import LeasedMeter
-from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.metering.leased_meter import LeasedMeter
+from model_gateway.gateway.metering.storage_meter import StorageMeter
 from model_gateway.pipeline.context import Settlement
 from model_gateway.storage import ProjectRecord, open_storage
 from model_gateway.storage.base import KeyRecord

@@ -3,7 +3,7 @@ point of the single binary built by `make dist`."""
 
 import sys
 
-from model_gateway.gateway.children import LOG_PROCESS_ARG, SANDBOX_NODE_ARG
+from model_gateway.gateway.ops.children import LOG_PROCESS_ARG, SANDBOX_NODE_ARG
 
 if sys.argv[1:2] == [SANDBOX_NODE_ARG]:
     from model_gateway.gateway.sandbox import supervisor

@@ -9,8 +9,8 @@ from starlette.responses import RedirectResponse, Response
 
 from model_gateway.gateway.config import ModelConfig
 from model_gateway.gateway.json_response import json_response
-from model_gateway.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
+from model_gateway.gateway.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from model_gateway.gateway.proofs.links import link_base
 from model_gateway.pipeline.context import RequestContext
 from model_gateway.pipeline.endpoint import ANY_VALID_KEY, PUBLIC, Endpoint

@@ -10,18 +10,20 @@ from collections.abc import Callable
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
+from model_gateway.gateway.access.keyring import KeyRing
 from model_gateway.gateway.agents.run_engine import AgentEngine
 from model_gateway.gateway.api import CoreHandlers
 from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.cluster.instance import Instance
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.console.mount import mount_console
 from model_gateway.gateway.inference.handlers import InferenceHandlers
-from model_gateway.gateway.instance import Instance
-from model_gateway.gateway.keyring import KeyRing
-from model_gateway.gateway.leased_meter import LeasedMeter
-from model_gateway.gateway.logs import AccessLog
-from model_gateway.gateway.metering import StorageMeter, process_owner
-from model_gateway.gateway.metrics import Metrics
+from model_gateway.gateway.metering.leased_meter import LeasedMeter
+from model_gateway.gateway.metering.storage_meter import StorageMeter, process_owner
+from model_gateway.gateway.ops.logs import AccessLog
+from model_gateway.gateway.ops.metrics import Metrics
+from model_gateway.gateway.ops.secretfile import load_or_create_secret
+from model_gateway.gateway.ops.summary import startup_summary
 from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
 from model_gateway.gateway.proofs.log import TransparencyLog
 from model_gateway.gateway.proofs.log_key import SigningKey, load_or_create_signing_key
@@ -29,8 +31,6 @@ from model_gateway.gateway.proofs.log_process import LogProcess
 from model_gateway.gateway.providers import Providers
 from model_gateway.gateway.ratelimit.limiters import Limiter, open_limiter
 from model_gateway.gateway.sandbox.executions import SandboxExecutions
-from model_gateway.gateway.secretfile import load_or_create_secret
-from model_gateway.gateway.summary import startup_summary
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
 from model_gateway.storage import ReceiptRecord, Storage, open_storage

@@ -9,7 +9,8 @@ import sys
 
 import orjson
 
-from model_gateway.gateway import backup, cli_console, doctor, keys
+from model_gateway.gateway import cli_console
+from model_gateway.gateway.access import keys
 from model_gateway.gateway.admin import (
     key_admin,
     money_admin,
@@ -23,7 +24,6 @@ from model_gateway.gateway.admin.admin_context import (
     admin_context,
 )
 from model_gateway.gateway.admin.admin_views import key_view, project_view, sandbox_view
-from model_gateway.gateway.admin_confirm import UNCONFIRMED_EXIT
 from model_gateway.gateway.cli_args import (
     CliError,
     confirmed_view,
@@ -33,14 +33,16 @@ from model_gateway.gateway.cli_args import (
     positive_int,
     refusal_message,
 )
+from model_gateway.gateway.cluster.admin_confirm import UNCONFIRMED_EXIT
 from model_gateway.gateway.config import ConfigError, load_config
-from model_gateway.gateway.logs import configure_logging
-from model_gateway.gateway.metering import current_month
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
+from model_gateway.gateway.metering.storage_meter import current_month
+from model_gateway.gateway.ops import backup, doctor
+from model_gateway.gateway.ops.logs import configure_logging
+from model_gateway.gateway.ops.secretfile import restrict_file_modes
+from model_gateway.gateway.ops.terminal import escape, safe_output
 from model_gateway.gateway.proofs import verify_cli
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
-from model_gateway.gateway.secretfile import restrict_file_modes
-from model_gateway.gateway.terminal import escape, safe_output
 from model_gateway.storage import (
     RecordNotFound,
     StateConflict,
@@ -169,7 +171,7 @@ def sandbox_node(args, config) -> int:
 
 
 def serve(args, config) -> int:
-    from model_gateway.gateway.server import serve as run_server  # uvicorn: only to serve
+    from model_gateway.gateway.ops.server import serve as run_server  # uvicorn: only to serve
 
     try:
         run_server(config, args.host, args.port)

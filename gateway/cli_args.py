@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from model_gateway.gateway.admin.admin_context import ConfirmedChange, InvalidChange
 from model_gateway.gateway.admin.admin_views import with_instances
-from model_gateway.gateway.money import parse_amount
+from model_gateway.gateway.metering.money import parse_amount
 
 
 class CliError(Exception):

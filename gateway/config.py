@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from model_gateway.gateway.money import parse_amount
+from model_gateway.gateway.metering.money import parse_amount
 
 DEFAULT_CONFIG = "config.toml"
 
@@ -101,8 +101,8 @@ class MeteringConfig(_Section):
     # Off only for benchmarks that measure what metering costs; never in production.
     enabled: bool = True
     # While this process's writes are idle, requests reserve in memory against slices it
-    # leased (gateway/leased_meter.py); a stream's hold, and every hold when off, is written
-    # before the provider is called.
+    # leased (gateway/metering/leased_meter.py); a stream's hold, and every hold when off,
+    # is written before the provider is called.
     leases: bool = True
 
 

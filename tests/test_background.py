@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.cluster.background import stop_tasks
 
 
 def loop_that_drops(cancels: int) -> tuple[asyncio.Task, list[int]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from model_gateway.gateway.cli import main
 from tests.support.gateway_process import GATEWAY, GatewayProcess
 

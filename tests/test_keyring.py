@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 
-from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.access.keyring import KeyRing
 from model_gateway.pipeline.errors import InvalidApiKey
 from model_gateway.storage.sqlite import SQLiteStorage
 from tests.support.records import add_key, add_project

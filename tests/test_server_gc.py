@@ -1,5 +1,5 @@
 """`gateway serve` tunes the garbage collector once started, before the first request
-(gateway/server.py, `tune_garbage_collector`)."""
+(gateway/ops/server.py, `tune_garbage_collector`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def test_tuning_freezes_what_exists_and_collects_the_young_rarely():
     # In a process of its own: the tuning is for the whole interpreter.
     probe = (
         "import gc\n"
-        "from model_gateway.gateway.server import YOUNG_COLLECTION_AFTER, tune_garbage_collector\n"
+        "from model_gateway.gateway.ops.server import (\n"
+        "    YOUNG_COLLECTION_AFTER, tune_garbage_collector,\n"
+        ")\n"
         "assert gc.get_freeze_count() == 0\n"
         "tune_garbage_collector()\n"
         "print(gc.get_threshold()[0] == YOUNG_COLLECTION_AFTER > 700, gc.get_freeze_count())\n"

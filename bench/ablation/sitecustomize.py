@@ -13,7 +13,7 @@ def no_settle_sql() -> None:
     """A settlement writes nothing: no receipt, no charge, nothing offered to the log (so
     the log has nothing to do). A direct hold is then never freed: the bench's project
     holds enough for that."""
-    from model_gateway.gateway.metering import StorageMeter
+    from model_gateway.gateway.metering.storage_meter import StorageMeter
 
     async def charge_nothing(self: StorageMeter, receipt: object) -> bool:
         return True
@@ -87,7 +87,7 @@ def journal() -> None:
 
     import msgspec
 
-    from model_gateway.gateway.metering import StorageMeter
+    from model_gateway.gateway.metering.storage_meter import StorageMeter
     from model_gateway.storage import ReceiptRecord
 
     descriptor, path = tempfile.mkstemp(prefix="journal-", suffix=".msgpack")
@@ -108,7 +108,7 @@ def commit_after_response() -> None:
     give). A settlement that fails is then not noticed."""
     import asyncio
 
-    from model_gateway.gateway.metering import StorageMeter
+    from model_gateway.gateway.metering.storage_meter import StorageMeter
     from model_gateway.storage import ReceiptRecord
 
     running: set[asyncio.Task[bool]] = set()
@@ -133,7 +133,7 @@ def watched_lease() -> None:
 def _stream_holds_from_leases(*, shown: bool) -> None:
     """A watched hold (a stream's) is taken as an unwatched one is; `shown`: from a lease
     even while writes run, then written to the lease's `in_use` before it is returned."""
-    from model_gateway.gateway.leased_meter import LeasedMeter, LeaseHold
+    from model_gateway.gateway.metering.leased_meter import LeasedMeter, LeaseHold
 
     reserve = LeasedMeter.reserve
 

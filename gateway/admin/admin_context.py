@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from model_gateway.gateway.admin_confirm import Confirmation, confirm_admin_change
-from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.gateway.cluster.admin_confirm import Confirmation, confirm_admin_change
+from model_gateway.gateway.ops.secretfile import load_or_create_secret
 from model_gateway.storage import Storage
 
 R = TypeVar("R")

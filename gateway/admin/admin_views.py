@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from typing import NotRequired, TypedDict
 
 from model_gateway.gateway.admin.admin_context import AdminContext
-from model_gateway.gateway.admin_confirm import Confirmation
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.cluster.admin_confirm import Confirmation
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.storage.base import (
     KeyRecord,
     PaymentRecord,

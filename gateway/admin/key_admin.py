@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from model_gateway.gateway.admin.admin_context import (
     AdminContext,
     ConfirmedChange,

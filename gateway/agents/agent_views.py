@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from model_gateway.gateway.money import format_amount, parse_amount
+from model_gateway.gateway.metering.money import format_amount, parse_amount
 from model_gateway.pipeline.errors import InvalidRequest
 from model_gateway.pipeline.validation import decoder
 from model_gateway.storage.base import AgentRecord, RunRecord, StepRecord

@@ -35,10 +35,10 @@ from model_gateway.gateway.agents.run_step import (
     cancelled,
     check_model,
 )
-from model_gateway.gateway.background import stop_tasks
 from model_gateway.gateway.catalog import ConfigCatalog
+from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.gateway.inference.tokens import message_output
-from model_gateway.gateway.metering import owner_check
+from model_gateway.gateway.metering.storage_meter import owner_check
 from model_gateway.pipeline.endpoint import Endpoint, RouteTable
 from model_gateway.pipeline.errors import Conflict, InvalidRequest, NotFound
 from model_gateway.pipeline.ports import Meter

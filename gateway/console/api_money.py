@@ -17,7 +17,7 @@ from model_gateway.gateway.console.guard import (
 from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
 from model_gateway.gateway.console.views import ledger_view, page
 from model_gateway.gateway.json_response import json_response
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, InvalidRequest
 from model_gateway.storage import AmountOverflow, StateConflict

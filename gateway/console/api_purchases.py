@@ -16,8 +16,8 @@ from model_gateway.gateway.console.onchain import (
 )
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.gateway.json_response import json_response
-from model_gateway.gateway.metering import current_month
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, NotFound, ServiceUnavailable
 from model_gateway.storage import AmountOverflow, StateConflict

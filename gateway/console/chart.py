@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, timedelta
 
 from model_gateway.gateway.console.html import esc
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 720, 220, 30, 30, 22
 

@@ -29,7 +29,7 @@ from model_gateway.gateway.console.guard import (
 from model_gateway.gateway.console.prefix import under_prefix
 from model_gateway.gateway.console.sessions import Sessions
 from model_gateway.gateway.console.throttle import LoginThrottle
-from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.pipeline import chain
 from model_gateway.pipeline.context import context_of
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint, RouteTable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from model_gateway.gateway.access.keys import SCOPES
 from model_gateway.gateway.console.api_projects import key_listing_view, project_view
 from model_gateway.gateway.console.call import PAGE, Call
 from model_gateway.gateway.console.guard import project_of
@@ -15,8 +16,7 @@ from model_gateway.gateway.console.html import (
     short_time,
     table,
 )
-from model_gateway.gateway.keys import SCOPES
-from model_gateway.gateway.money import format_amount, parse_amount
+from model_gateway.gateway.metering.money import format_amount, parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
 _P = "/console/projects/{project_id}"

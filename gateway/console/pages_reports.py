@@ -21,7 +21,7 @@ from model_gateway.gateway.console.html import (
 )
 from model_gateway.gateway.console.payload import query_cursor, query_date
 from model_gateway.gateway.console.views import ledger_view
-from model_gateway.gateway.money import parse_amount
+from model_gateway.gateway.metering.money import parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
 _P = "/console/projects/{project_id}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime
 
-from model_gateway.gateway import keys
-from model_gateway.gateway.money import parse_amount
+from model_gateway.gateway.access import keys
+from model_gateway.gateway.metering.money import parse_amount
 from model_gateway.pipeline.errors import InvalidRequest
 from model_gateway.storage.base import now_s
 

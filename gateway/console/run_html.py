@@ -8,7 +8,7 @@ events (`data-events`) and redraws the same elements by their ids.
 from __future__ import annotations
 
 from model_gateway.gateway.console.html import esc
-from model_gateway.gateway.money import parse_amount
+from model_gateway.gateway.metering.money import parse_amount
 
 BAR_WIDTH = 1000  # the bar's SVG user units; console.js scales to the same width
 STEP_COLUMNS = [

@@ -4,7 +4,7 @@ decimal strings, times RFC 3339 UTC; the views the CLI shares are gateway/admin/
 from __future__ import annotations
 
 from model_gateway.gateway.admin.admin_views import iso
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.storage.base import LedgerEntry
 
 

@@ -52,7 +52,11 @@ from model_gateway.gateway.inference.usage import (
     shown_usage,
 )
 from model_gateway.gateway.inference.wait_bound import WaitBound
-from model_gateway.gateway.pricing import InferencePricing, held_output_tokens, output_limit
+from model_gateway.gateway.metering.pricing import (
+    InferencePricing,
+    held_output_tokens,
+    output_limit,
+)
 from model_gateway.gateway.providers import Provider, Providers, ResponsesUnsupported
 from model_gateway.gateway.providers.upstream import Acceptance
 from model_gateway.gateway.routing.attempts import attempt_chain, stream_ended
@@ -63,7 +67,7 @@ from model_gateway.pipeline.validation import decoder
 
 if TYPE_CHECKING:
     from model_gateway.gateway.inference.json_types import JSONObject
-    from model_gateway.gateway.metrics import Metrics
+    from model_gateway.gateway.ops.metrics import Metrics
     from model_gateway.pipeline.context import RequestContext
     from model_gateway.pipeline.ports import ModelInfo
 

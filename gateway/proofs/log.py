@@ -42,8 +42,8 @@ from typing import TypeVar
 import anyio
 import msgspec
 
-from model_gateway.gateway.background import stop_tasks
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.cluster.background import stop_tasks
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.proofs.checkpoint import DEFAULT_ORIGIN, sign_checkpoint
 from model_gateway.gateway.proofs.log_key import SigningKey, verify_signature
 from model_gateway.gateway.proofs.merkle import EMPTY_ROOT, HASH_SIZE, RangeHashes, leaf_hash

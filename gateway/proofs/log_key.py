@@ -20,7 +20,7 @@ from pathlib import Path
 import nacl.exceptions
 import nacl.signing
 
-from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.gateway.ops.secretfile import load_or_create_secret
 
 ALGORITHM = "ed25519"
 SEED_SIZE = 32

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import orjson
 
-from model_gateway.gateway.background import stop_child, stop_tasks
-from model_gateway.gateway.children import LOG_PROCESS_ARG, child_command, die_with_parent
+from model_gateway.gateway.cluster.background import stop_child, stop_tasks
+from model_gateway.gateway.ops.children import LOG_PROCESS_ARG, child_command, die_with_parent
 from model_gateway.storage import ReceiptRecord
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ async def _take_fed(stdin: asyncio.StreamReader, transparency_log: TransparencyL
 
 
 async def _main() -> None:
-    from model_gateway.gateway.logs import configure_logging
+    from model_gateway.gateway.ops.logs import configure_logging
 
     stdin = asyncio.StreamReader(limit=LINE_LIMIT)
     loop = asyncio.get_running_loop()

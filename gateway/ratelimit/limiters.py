@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from model_gateway.gateway.config import Config
+from model_gateway.gateway.ops.summary import redacted_storage_url
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
-from model_gateway.gateway.summary import redacted_storage_url
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.storage import Storage
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.storage import StorageError
 from model_gateway.storage.postgres import PostgresStorage

@@ -20,7 +20,7 @@ from model_gateway.pipeline.errors import GatewayError, ServiceUnavailable
 if TYPE_CHECKING:
     from starlette.responses import Response
 
-    from model_gateway.gateway.metrics import Metrics
+    from model_gateway.gateway.ops.metrics import Metrics
     from model_gateway.gateway.providers import Provider, Providers
     from model_gateway.pipeline.context import RequestContext
 

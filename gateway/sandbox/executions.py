@@ -37,7 +37,7 @@ import msgspec
 import orjson
 from starlette.responses import Response
 
-from model_gateway.gateway.pricing import SandboxPricing
+from model_gateway.gateway.metering.pricing import SandboxPricing
 from model_gateway.gateway.sandbox.client import NodeBusy, NodeError, NodeUnreachable
 from model_gateway.gateway.sandbox.pool import NodePool, SandboxNode
 from model_gateway.gateway.sandbox.runtimes import Runtime

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.gateway.config import Config, ConfigError, SandboxNodeConfig, SandboxNodeEntry
 from model_gateway.gateway.sandbox.client import (
     NodeUnreachable,

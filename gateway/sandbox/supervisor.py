@@ -31,9 +31,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 
-from model_gateway.gateway.background import stop_child, stop_tasks
-from model_gateway.gateway.children import SANDBOX_NODE_ARG, child_command, die_with_parent
+from model_gateway.gateway.cluster.background import stop_child, stop_tasks
 from model_gateway.gateway.config import ConfigError
+from model_gateway.gateway.ops.children import SANDBOX_NODE_ARG, child_command, die_with_parent
 
 log = logging.getLogger("model_gateway.gateway.sandbox.supervisor")
 
@@ -176,7 +176,7 @@ class NodeSupervisor:
 
 
 def run_child(argv: list[str]) -> None:
-    from model_gateway.gateway.logs import configure_logging
+    from model_gateway.gateway.ops.logs import configure_logging
     from model_gateway.gateway.sandbox.node.service import serve_node
 
     host, port, secret_file, max_concurrent, log_format, *fd = argv

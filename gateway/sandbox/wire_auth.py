@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from model_gateway.gateway import secretfile
+from model_gateway.gateway.ops import secretfile
 
 TIMESTAMP_HEADER = "x-sandbox-timestamp"
 NONCE_HEADER = "x-sandbox-nonce"

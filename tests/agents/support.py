@@ -9,8 +9,8 @@ from pathlib import Path
 
 from model_gateway.gateway.app import Gateway
 from model_gateway.gateway.config import parse_config
-from model_gateway.gateway.metering import current_month
-from model_gateway.gateway.pricing import held_output_tokens
+from model_gateway.gateway.metering.pricing import held_output_tokens
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.storage import ProjectRecord, SandboxRecord, open_storage
 from model_gateway.storage.base import RunRecord, StepRecord
 from tests.sandbox_e2e.helpers import NodeProcess, sandbox_config

@@ -15,7 +15,7 @@ import itertools
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from model_gateway.gateway.metering import StorageMeter, current_month
+from model_gateway.gateway.metering.storage_meter import StorageMeter, current_month
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import GatewayError
 from model_gateway.pipeline.hold import Hold

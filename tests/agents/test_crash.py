@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.storage import open_storage
 from model_gateway.storage.base import AgentRecord, RunRecord, StepRecord, now_s
 from tests.agents.support import micros

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from tests.support.errors import assert_error, without_request_id
 from tests.support.gateway_process import CliFailed
 from tests.support.http import bearer, chat_body

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
-from model_gateway.gateway.money import cost_of_tokens
+from model_gateway.gateway.metering.money import cost_of_tokens
 from tests.metering.billing import books, micros
 from tests.support.fake_upstream import BROKEN_USAGE_MODES, REPLY
 from tests.support.inference import sse_payloads

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
-from model_gateway.gateway.money import cost_of_tokens
+from model_gateway.gateway.metering.money import cost_of_tokens
 from tests.metering.billing import books, micros
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from model_gateway.gateway.money import cost_of_tokens
+from model_gateway.gateway.metering.money import cost_of_tokens
 from tests.metering.billing import books, micros
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_process import GatewayProcess

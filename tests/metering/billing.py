@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import httpx
 
-from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.storage import open_storage
 from tests.support.gateway_process import GatewayProcess
 

@@ -29,7 +29,7 @@ async def fire(url: str, key: str, n: int = 60) -> list[httpx.Response]:
 
 @pytest.fixture(scope="module")
 def leased_gateway(tmp_path_factory):
-    """A gateway whose requests reserve against leased slices (gateway/leased_meter.py)."""
+    """A gateway whose requests reserve against leased slices (gateway/metering/leased_meter.py)."""
     config = "\n[metering]\nleases = true\n"
     with GatewayProcess(tmp_path_factory.mktemp("leases"), extra_config=config) as process:
         yield process

@@ -8,10 +8,14 @@ import sqlite3
 
 import pytest
 
-from model_gateway.gateway.instance import Instance
-from model_gateway.gateway.leased_meter import SLICE_HOLDS, LeasedMeter, LeaseHold
-from model_gateway.gateway.metering import current_month
-from model_gateway.gateway.metrics import Metrics
+from model_gateway.gateway.cluster.instance import Instance
+from model_gateway.gateway.metering.leased_meter import (
+    SLICE_HOLDS,
+    LeasedMeter,
+    LeaseHold,
+)
+from model_gateway.gateway.metering.storage_meter import current_month
+from model_gateway.gateway.ops.metrics import Metrics
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance, ServiceUnavailable
 from model_gateway.storage import ProjectRecord, StorageError, open_storage
 from model_gateway.storage.base import KeyRecord, ReservationRecord, new_id

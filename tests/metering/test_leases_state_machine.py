@@ -20,8 +20,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from model_gateway.gateway.leased_meter import LeasedMeter, LeaseHold
-from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.metering.leased_meter import LeasedMeter, LeaseHold
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import BudgetExceeded, InsufficientBalance
 from model_gateway.storage import ProjectRecord, Storage, open_storage

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from model_gateway.gateway.metering import current_month
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.storage import open_storage
 from tests.metering.billing import chat, micros, receipt_cost
 from tests.support.gateway_process import GatewayProcess

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from model_gateway.gateway.metering import StorageMeter, current_month
+from model_gateway.gateway.metering.storage_meter import StorageMeter, current_month
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.hold import Hold
 from model_gateway.storage import ProjectRecord, open_storage

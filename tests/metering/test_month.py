@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from model_gateway.gateway import metering
+from model_gateway.gateway.metering import storage_meter as metering
 
 
 @pytest.mark.parametrize(

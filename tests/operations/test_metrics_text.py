@@ -1,4 +1,4 @@
-"""gateway/metrics_text.py renders what prometheus_client would: checked by prometheus_client's
+"""gateway/ops/metrics_text.py renders what prometheus_client would: checked by prometheus_client's
 own parser, and byte for byte against its `generate_latest` (less its `_created` gauges)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from model_gateway.gateway.metrics import _BUCKETS, Metrics
-from model_gateway.gateway.metrics_text import (
+from model_gateway.gateway.ops.metrics import _BUCKETS, Metrics
+from model_gateway.gateway.ops.metrics_text import (
     Counter,
     Gauge,
     Histogram,

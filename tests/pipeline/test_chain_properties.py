@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from model_gateway.gateway.access.keyring import KeyRing
 from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.config import parse_config
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
-from model_gateway.gateway.keyring import KeyRing
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint, RouteTable
 from model_gateway.pipeline.gcra import Gcra

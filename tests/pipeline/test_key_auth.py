@@ -2,8 +2,8 @@ import secrets
 
 import pytest
 
-from model_gateway.gateway import keys
-from model_gateway.gateway.keyring import KeyRing
+from model_gateway.gateway.access import keys
+from model_gateway.gateway.access.keyring import KeyRing
 from model_gateway.pipeline.key_auth import KeyAuth
 from model_gateway.pipeline.request_id import RequestId
 from model_gateway.storage import open_storage

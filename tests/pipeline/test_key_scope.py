@@ -1,6 +1,6 @@
 import pytest
 
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint
 from model_gateway.pipeline.key_scope import KeyScope
 from model_gateway.pipeline.request_id import RequestId

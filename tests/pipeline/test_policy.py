@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.config import parse_config
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest

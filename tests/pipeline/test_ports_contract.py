@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from model_gateway.gateway.keyring import KeyRing
-from model_gateway.gateway.metering import StorageMeter, current_month
+from model_gateway.gateway.access.keyring import KeyRing
+from model_gateway.gateway.metering.storage_meter import StorageMeter, current_month
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.errors import (
     BudgetExceeded,

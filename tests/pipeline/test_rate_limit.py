@@ -1,4 +1,4 @@
-from model_gateway.gateway import keys
+from model_gateway.gateway.access import keys
 from model_gateway.pipeline.endpoint import ANY_VALID_KEY, Endpoint
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.pipeline.rate_limit import RateLimit

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.metering.storage_meter import StorageMeter
 from model_gateway.storage import ReceiptRecord, open_storage
 from tests.support.records import add_project
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from model_gateway.gateway.api import receipt_view
-from model_gateway.gateway.metering import StorageMeter, receipt_record
+from model_gateway.gateway.metering.storage_meter import StorageMeter, receipt_record
 from model_gateway.gateway.proofs.log import TransparencyLog, public_receipt
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import verify_consistency

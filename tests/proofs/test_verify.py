@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.proofs.commitments import request_commitment, response_commitment
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model_gateway.gateway.config import ConfigError, parse_config
-from model_gateway.gateway.summary import startup_summary
+from model_gateway.gateway.ops.summary import startup_summary
 
 TWO_NODES = """
 [[sandbox_nodes]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from model_gateway.gateway.pricing import SandboxPricing
+from model_gateway.gateway.metering.pricing import SandboxPricing
 from model_gateway.pipeline.context import Billing, RequestContext
 from model_gateway.storage import SandboxRecord
 

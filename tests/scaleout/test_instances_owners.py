@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from model_gateway.gateway.metering import owner_check
+from model_gateway.gateway.metering.storage_meter import owner_check
 from model_gateway.storage import ProjectRecord, ReservationRecord, open_storage
 from model_gateway.storage.base import AgentRecord, RunRecord
 

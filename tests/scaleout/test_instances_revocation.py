@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from model_gateway.gateway.admin_confirm import UNCONFIRMED_EXIT
-from model_gateway.gateway.keys import public_prefix
+from model_gateway.gateway.access.keys import public_prefix
+from model_gateway.gateway.cluster.admin_confirm import UNCONFIRMED_EXIT
 from model_gateway.storage import open_storage
 from tests.console.support import ConsoleClient, create_user
 from tests.scaleout.instances import LEASE_S, chat, instance, owner_of, run

@@ -17,8 +17,8 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from model_gateway.gateway.metering import current_month
-from model_gateway.gateway.pricing import held_output_tokens
+from model_gateway.gateway.metering.pricing import held_output_tokens
+from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.storage import open_storage
 from tests.storage.backends import postgres_database
 from tests.support.fake_openai import AT_THE_HOLD, FakeOpenAI

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model_gateway.gateway.secretfile import load_or_create_secret
+from model_gateway.gateway.ops.secretfile import load_or_create_secret
 from model_gateway.storage import ProjectRecord, open_storage
 from model_gateway.storage.base import KeyRecord
 

@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from model_gateway.gateway.pricing import held_output_tokens
+from model_gateway.gateway.metering.pricing import held_output_tokens
 from tests.support.fake_upstream import (
     INPUT_TOKENS,
     MALFORMED,

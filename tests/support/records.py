@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from model_gateway.gateway import keys
-from model_gateway.gateway.metering import StorageMeter
+from model_gateway.gateway.access import keys
+from model_gateway.gateway.metering.storage_meter import StorageMeter
 from model_gateway.pipeline.context import Settlement
 from model_gateway.storage.base import (
     KeyRecord,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from model_gateway.gateway.money import format_amount
+from model_gateway.gateway.metering.money import format_amount
 from model_gateway.pipeline.errors import BudgetExceeded, GatewayError, InsufficientBalance
 from model_gateway.storage import Storage
 

@@ -31,7 +31,7 @@ Rules
   retry. So a request
   is refused only when the holds of requests in flight, wherever they are, leave too
   little: today's rule (a dead process's leases wait for the sweeper, as its holds do).
-- A fenced instance (gateway/instance.py: it lost its registry lease) takes no hold,
+- A fenced instance (gateway/cluster/instance.py: it lost its registry lease) takes no hold,
   from a lease or direct: the others may be sweeping its leases.
 - Requests without a key (hosted agents' steps, whose holds the run tracks by id) always
   take direct holds.
@@ -86,8 +86,8 @@ from typing import Any
 
 import anyio
 
-from model_gateway.gateway.background import stop_tasks
-from model_gateway.gateway.metering import StorageMeter, current_month, receipt_record
+from model_gateway.gateway.cluster.background import stop_tasks
+from model_gateway.gateway.metering.storage_meter import StorageMeter, current_month, receipt_record
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.ports import Reserved
 from model_gateway.storage import LimitReached, ReservationRecord

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from model_gateway.gateway import keys
-from model_gateway.gateway.instance import Instance
+from model_gateway.gateway.access import keys
+from model_gateway.gateway.cluster.instance import Instance
 from model_gateway.pipeline.errors import Forbidden, InvalidApiKey
 from model_gateway.storage.base import KeyRecord, ProjectRecord, Storage
 
@@ -17,7 +17,7 @@ class KeyRing:
 
     The cache is dropped whenever the storage's admin epoch moves, so a revocation or an
     archive (by this process or by the CLI) counts from the very next request. An instance
-    that lost its lease (`instance`, gateway/instance.py) cannot vouch that its cache is
+    that lost its lease (`instance`, gateway/cluster/instance.py) cannot vouch that its cache is
     current: it answers 503 instead, before looking at the key.
     """
 

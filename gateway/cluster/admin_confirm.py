@@ -2,7 +2,7 @@
 
 The change has committed; it has an admin change number (storage counts every key and
 project change). Each instance writes the newest number its caches reflect into its
-registry row (gateway/instance.py), at once when notified, else at its next renewal. This
+registry row (gateway/cluster/instance.py), at once when notified, else at its next renewal. This
 polls the registry until every instance holding a lease has acknowledged the number, so
 the very next request is refused everywhere. An instance that does not acknowledge
 before its lease ends is dead: it serves nothing until it renews, and it catches up

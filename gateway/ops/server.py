@@ -25,9 +25,9 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from model_gateway.gateway.config import Config
-from model_gateway.gateway.logs import configure_logging
-from model_gateway.gateway.secretfile import restrict_file_modes
-from model_gateway.gateway.summary import console_url, listen_url
+from model_gateway.gateway.ops.logs import configure_logging
+from model_gateway.gateway.ops.secretfile import restrict_file_modes
+from model_gateway.gateway.ops.summary import console_url, listen_url
 
 MAX_HEADER_FIELDS = 100  # decisions.md; a fixed number, not a config key
 YOUNG_COLLECTION_AFTER = 10_000  # net allocations (Python's default: 700)

@@ -23,8 +23,8 @@ from urllib.parse import quote
 
 import orjson
 
-from model_gateway.gateway.money import format_amount
-from model_gateway.gateway.terminal import SafeStream
+from model_gateway.gateway.metering.money import format_amount
+from model_gateway.gateway.ops.terminal import SafeStream
 from model_gateway.pipeline.context import RequestContext
 
 access = logging.getLogger("gateway.access")

@@ -24,7 +24,7 @@ import time
 
 import anyio
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.pipeline.errors import ServiceUnavailable
 from model_gateway.storage import Storage
 

@@ -5,7 +5,7 @@ Every reservation is owned by the serving process (`host:pid:start-time`) and le
 `[cluster] lease_s`. The process renews its leases every third of that; at start-up and
 at each renewal it releases reservations whose lease expired, whose owner process on this
 host is gone (kill -9), or whose owner instance's lease in the registry ended (another
-host's dead instance: gateway/instance.py), so nothing stays reserved and nothing is
+host's dead instance: gateway/cluster/instance.py), so nothing stays reserved and nothing is
 charged twice (a receipt consumes its hold once). A fenced instance takes no new hold.
 """
 
@@ -22,16 +22,16 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from model_gateway.gateway.background import stop_tasks
+from model_gateway.gateway.cluster.background import stop_tasks
+from model_gateway.gateway.cluster.instance import Instance
 from model_gateway.gateway.config import ClusterConfig
-from model_gateway.gateway.instance import Instance
-from model_gateway.gateway.metrics import Metrics
+from model_gateway.gateway.metering.refusals import explain
+from model_gateway.gateway.ops.metrics import Metrics
 from model_gateway.gateway.proofs.commitments import (
     new_salts,
     request_commitment,
     response_commitment,
 )
-from model_gateway.gateway.refusals import explain
 from model_gateway.pipeline.context import Settlement
 from model_gateway.pipeline.ports import Reserved
 from model_gateway.storage import LimitReached, ReceiptRecord, ReservationRecord, Storage

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from model_gateway.gateway.metrics_text import (
+from model_gateway.gateway.ops.metrics_text import (
     Counter,
     CounterChild,
     Gauge,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from model_gateway.gateway.money import cost_of_tokens
+from model_gateway.gateway.metering.money import cost_of_tokens
 from model_gateway.pipeline.context import RequestContext
 from model_gateway.pipeline.errors import ServiceUnavailable
 

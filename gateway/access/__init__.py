@@ -1,0 +1,1 @@
+"""API keys: their format and hashes, and the key ring that looks them up."""
