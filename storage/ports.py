@@ -147,7 +147,7 @@ class LedgerPort(Protocol):
     """The money: holds, settlements and their receipts, leases, credits, payments,
     purchases and payer addresses, and the read models of a project's account.
 
-    Leases (migration 0012, gateway/leased_meter.py): a lease is a reservation row flagged
+    Leases (migration 0012, gateway/metering/leased_meter.py): a lease is a reservation row flagged
     `lease`, owned by a serving process: admitted, counted, renewed and swept like any
     hold; `settle` charges a receipt against it (receipt.reservation_id = the lease's id)
     by taking the cost out of it."""
@@ -484,7 +484,7 @@ class ClusterPort(Protocol):
     project change takes the next admin change number. Each serving process registers as
     an instance with a lease (the database's clock, milliseconds) and acknowledges the
     newest change its caches reflect; an admin command waits until every live instance
-    acknowledged its change (gateway/admin_confirm.py)."""
+    acknowledged its change (gateway/cluster/admin_confirm.py)."""
 
     #: False when every process sees a change at its next request without being told (a
     #: file stat): an admin command then has nothing to wait for.

@@ -13,8 +13,8 @@ Instances (migration 0009): every key or project change also takes the next admi
 number (one counter row, so numbers commit in order) and notifies it as the payload; the
 handle counts the newest it heard (`admin_applied`). An instance's lease renewal reads
 the counter FOR SHARE after renewing, in one transaction, so a change that commits
-meanwhile is either read by the renewal or finds the instance live (gateway/instance.py
-and gateway/admin_confirm.py use this). Leases are on the database's clock.
+meanwhile is either read by the renewal or finds the instance live (gateway/cluster/instance.py
+and gateway/cluster/admin_confirm.py use this). Leases are on the database's clock.
 """
 
 from __future__ import annotations
