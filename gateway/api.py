@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.responses import RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.gateway.config import ModelConfig
+from model_gateway.gateway.config import Config, ModelConfig
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from model_gateway.gateway.proofs.links import link_base
 from model_gateway.pipeline.context import RequestContext
-from model_gateway.pipeline.endpoint import ANY_VALID_KEY, PUBLIC, Endpoint
+from model_gateway.pipeline.endpoint import ANY_VALID_KEY, PUBLIC, Endpoint, RouteTable
 from model_gateway.pipeline.errors import ModelNotFound, NotFound, ServiceUnavailable
 from model_gateway.pipeline.policy import model_allowed
-from model_gateway.storage import ReceiptRecord, StorageError
+from model_gateway.storage import ReceiptRecord, Storage, StorageError
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.catalog import ConfigCatalog
+    from model_gateway.gateway.cluster.instance import Instance
+    from model_gateway.gateway.ops.metrics import Metrics
+    from model_gateway.gateway.routing.breaker import Breakers
+    from model_gateway.gateway.sandbox.pool import NodePool
 
 
 def _price(micros: int | None) -> str | None:
     return None if micros is None else format_amount(micros)
 
 
-def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict:
+def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict[str, object]:
     """The project's own view of its receipt: what the public proof shows, plus what only
     the project may see (the plain digests, and the salts that open the commitments).
     `link_prefix` starts proof_url (gateway.proofs.links.link_base: never from Host)."""
@@ -54,13 +63,44 @@ def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict:
     }
 
 
+class LogStatus(Protocol):
+    """The transparency log as this process sees it (gateway.app.Gateway)."""
+
+    @property
+    def log_sequencer(self) -> bool: ...
+    @property
+    def log_size(self) -> int: ...
+
+
 class CoreHandlers:
     """The service's own endpoints: health, the endpoint list, models and receipts."""
 
-    def __init__(self, gateway) -> None:
-        self.gateway = gateway
-        self.catalog = gateway.catalog
+    def __init__(
+        self,
+        *,
+        config: Config,
+        catalog: ConfigCatalog,
+        storage: Storage,
+        instance: Instance,
+        breakers: Breakers,
+        nodes: NodePool,
+        log: LogStatus,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.storage = storage
+        self.instance = instance
+        self.breakers = breakers
+        self.nodes = nodes
+        self.log = log
+        self.counters = metrics
+        self.listed: list[Endpoint] = []  # the routes' endpoints, once the table is made
         self.started = int(time.time())
+
+    def list_endpoints(self, routes: RouteTable) -> None:
+        """What `GET /v1` lists: the table holds these handlers too, so it comes after."""
+        self.listed = [ep for ep in routes.endpoints if ep.listed]
 
     def routes(self) -> list[Endpoint]:
         return [
@@ -74,30 +114,29 @@ class CoreHandlers:
             Endpoint("GET", "/v1/receipts/{receipt_id}", "receipts", self.receipt),
         ]
 
-    async def home(self, ctx: RequestContext):
+    async def home(self, ctx: RequestContext) -> ASGIApp:
         """A browser at the gateway's address lands on the console (behind the mount
         prefix, when the gateway is embedded under one)."""
 
-        async def respond(scope, receive, send) -> None:
+        async def respond(scope: Scope, receive: Receive, send: Send) -> None:
             to = scope.get("root_path", "").rstrip("/") + "/console"
             await RedirectResponse(to, status_code=303)(scope, receive, send)
 
         return respond
 
-    async def healthz(self, ctx: RequestContext):
+    async def healthz(self, ctx: RequestContext) -> Response:
         try:
-            await self.gateway.storage.health()
+            await self.storage.health()
         except StorageError:
             raise ServiceUnavailable("The gateway's storage is not answering.") from None
-        if self.gateway.instance is not None:
-            self.gateway.instance.check_serving()  # fenced: the load balancer looks elsewhere
+        self.instance.check_serving()  # fenced: the load balancer looks elsewhere
         # Detail beside the status (decisions.md allows it): each provider's breaker, each
         # sandbox node's health and slots (named by its place in the config, not its URL),
         # and whether this instance is the log's sequencer (one instance of a deployment is).
-        states = self.gateway.providers.breakers.states()
+        states = self.breakers.states()
         providers = {name: {"breaker": state} for name, state in states.items()}
-        nodes = self.gateway.sandboxes.pool.states()
-        transparency_log = {"sequencer": self.gateway.log_sequencer, "size": self.gateway.log_size}
+        nodes = self.nodes.states()
+        transparency_log = {"sequencer": self.log.log_sequencer, "size": self.log.log_size}
         return json_response(
             {
                 "status": "ok",
@@ -107,20 +146,19 @@ class CoreHandlers:
             }
         )
 
-    async def metrics(self, ctx: RequestContext):
-        if not self.gateway.config.metrics.enabled:
+    async def metrics(self, ctx: RequestContext) -> Response:
+        if not self.config.metrics.enabled:
             raise NotFound("Metrics are turned off on this deployment.")
-        return Response(self.gateway.metrics.text(), media_type=METRICS_CONTENT_TYPE)
+        return Response(self.counters.text(), media_type=METRICS_CONTENT_TYPE)
 
-    async def index(self, ctx: RequestContext):
+    async def index(self, ctx: RequestContext) -> Response:
         data = [
             {
                 "method": ep.method,
                 "path": ep.path,
                 "scope": None if ep.scope == ANY_VALID_KEY else ep.scope,
             }
-            for ep in self.gateway.routes.endpoints
-            if ep.listed
+            for ep in self.listed
         ]
         return json_response({"object": "list", "data": data})
 
@@ -137,7 +175,7 @@ class CoreHandlers:
             "output_price_per_mtok": _price(model.output_price_per_mtok),
         }
 
-    async def models(self, ctx: RequestContext):
+    async def models(self, ctx: RequestContext) -> Response:
         assert ctx.project is not None
         data = [
             self._model_view(model_id, model)
@@ -145,7 +183,7 @@ class CoreHandlers:
         ]
         return json_response({"object": "list", "data": data})
 
-    async def model(self, ctx: RequestContext):
+    async def model(self, ctx: RequestContext) -> Response:
         """The SDK's `models.retrieve`: a model the key may not use is as absent as none."""
         assert ctx.project is not None
         model_id = ctx.path_params["model_id"]
@@ -154,16 +192,17 @@ class CoreHandlers:
             raise ModelNotFound("No model with this ID exists.")
         return json_response(self._model_view(model_id, model))
 
-    async def receipt(self, ctx: RequestContext):
-        receipt = await self.gateway.storage.get_receipt(ctx.path_params["receipt_id"])
+    async def receipt(self, ctx: RequestContext) -> ASGIApp:
+        assert ctx.project is not None  # key auth ran
+        receipt = await self.storage.get_receipt(ctx.path_params["receipt_id"])
         # Another project's receipt is as absent as a missing one.
         if receipt is None or receipt.project_id != ctx.project.id:
             raise NotFound("No receipt with this ID exists.")
-        public_url = self.gateway.config.server.public_url
+        public_url = self.config.server.public_url
 
         # An ASGI app rather than a response: proof_url needs the mount prefix, which only
         # the scope carries.
-        async def respond(scope, receive, send) -> None:
+        async def respond(scope: Scope, receive: Receive, send: Send) -> None:
             view = receipt_view(receipt, link_base(public_url, scope))
             await json_response(view)(scope, receive, send)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from starlette.middleware import Middleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_gateway.gateway.access.keyring import KeyRing
 from model_gateway.gateway.agents.run_engine import AgentEngine
@@ -31,100 +32,52 @@ from model_gateway.gateway.proofs.log_process import LogProcess
 from model_gateway.gateway.providers import Providers
 from model_gateway.gateway.ratelimit.limiters import Limiter, open_limiter
 from model_gateway.gateway.sandbox.executions import SandboxExecutions
+from model_gateway.gateway.sandbox.pool import NodePool
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
+from model_gateway.pipeline.ports import RequestObserver
 from model_gateway.storage import ReceiptRecord, Storage, open_storage
 
 log = logging.getLogger("gateway")
 
 
+@dataclass(eq=False)
 class Gateway:
-    """Everything a request may need, opened at start-up and closed at shutdown."""
+    """The composition root: every part a request may need, each built and started before
+    the gateway is (`open_gateway`), so none is missing; `close` stops them in reverse."""
 
-    def __init__(self, config: Config, log_process: bool = False) -> None:
-        self.config = config
-        # The log integrated by a child process (`gateway serve` with [proofs] log_process).
-        self.log_process = (
-            LogProcess(
-                config.storage_url,
-                config.path(config.secrets.signing_key_file),
-                log_origin(config),
-                config.server.log_format,
-            )
-            if log_process and config.proofs.log_process
-            else None
-        )
-        self.catalog = ConfigCatalog(config)
-        self.metrics = Metrics()
-        self.access_log = AccessLog(config.server.log_format) if config.server.access_log else None
-        self.limiter: Limiter | None = None
-        self.storage: Storage | None = None
-        self.keyring: KeyRing | None = None
-        self.meter: StorageMeter | None = None
-        self.instance: Instance | None = None
-        self.signing_key: SigningKey | None = None
-        self.transparency_log: TransparencyLog | None = None
-        self.agents: AgentEngine | None = None
-        self.providers = Providers(config)
-        core = CoreHandlers(self)
-        inference = InferenceHandlers(self.providers, config.limits.gateway_timeout_s, self.metrics)
-        proofs = ProofHandlers(self)
-        self.sandboxes = SandboxExecutions(self)
-        self.routes = RouteTable(
-            core.routes() + inference.routes() + proofs.routes() + self.sandboxes.routes()
-        )
+    config: Config
+    catalog: ConfigCatalog
+    metrics: Metrics
+    access_log: AccessLog | None  # None: [server] access_log = false
+    storage: Storage
+    instance: Instance
+    keyring: KeyRing
+    limiter: Limiter
+    meter: StorageMeter
+    signing_key: SigningKey
+    transparency_log: TransparencyLog
+    log_process: LogProcess | None  # the log integrated by a child ([proofs] log_process)
+    log_status: _LogStatus
+    providers: Providers
+    sandboxes: SandboxExecutions
+    routes: RouteTable
+    agents: AgentEngine
+    _closing: contextlib.AsyncExitStack
 
-    async def start(self) -> None:
-        pepper = load_or_create_secret(self.config.path(self.config.secrets.key_pepper_file))
-        self.storage = await open_storage(self.config.storage_url)
-        owner, lease_s = process_owner(), self.config.cluster.lease_s
-        self.instance = Instance(self.storage, owner, lease_s)
-        await self.instance.start()  # registered and leased before anything is served
-        self.keyring = KeyRing(self.storage, pepper, self.instance)
-        self.limiter = await open_limiter(self.config, self.storage)
-        self.signing_key = load_or_create_signing_key(
-            self.config.path(self.config.secrets.signing_key_file)
-        )
-        self.transparency_log = TransparencyLog(
-            self.storage, self.signing_key, origin=log_origin(self.config)
-        )
-        meter_class = LeasedMeter if self.config.metering.leases else StorageMeter
-        self.meter = meter_class(
-            self.storage,
-            self.metrics,
-            owner=owner,
-            lease_s=lease_s,
-            instance=self.instance,
-            on_settling=self._offer_to_the_log,
-        )
-        await self.meter.start()
-        if self.log_process is not None:
-            await self.log_process.start()  # first: it takes the sequencer lock
-        await self.transparency_log.start()  # integrates, or follows the log process
-        self._register_gauges()
-        await self.providers.start()
-        await self.sandboxes.start()  # node sessions, health checks; spawn = true: the node
-        self.agents = AgentEngine.for_gateway(self, lease_s=self.config.agents.lease_s)
-        await self.agents.start()  # fails the runs of a dead process; then sweeps
-        for line in startup_summary(self.config):
-            log.info("%s", line)
+    async def close(self) -> None:
+        await self._closing.aclose()
 
-    def _offer_to_the_log(self, record: ReceiptRecord) -> None:
-        """A receipt being settled, to whichever log integrates here: its own, or the child's."""
-        assert self.transparency_log is not None
-        self.transparency_log.offer(record)
-        if self.log_process is not None:
-            self.log_process.offer(record)
-
-    def _register_gauges(self) -> None:
-        meter, proofs = self.meter, self.transparency_log
-        assert meter is not None and proofs is not None
+    def register_gauges(self) -> None:
+        meter, proofs, status = self.meter, self.transparency_log, self.log_status
         self.metrics.gauge(
             "gateway_open_holds", "Holds of this process not yet closed.", lambda: meter.open_holds
         )
         self.metrics.breakers(self.providers.breakers)
         self.metrics.sandbox_nodes(self.sandboxes.pool)
-        self.metrics.gauge("gateway_log_size", "Receipts in the signed log.", lambda: self.log_size)
+        self.metrics.gauge(
+            "gateway_log_size", "Receipts in the signed log.", lambda: status.log_size
+        )
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",
             "Seconds the oldest receipt not yet logged has waited, as of the log's last look.",
@@ -133,37 +86,16 @@ class Gateway:
         self.metrics.gauge(
             "gateway_log_sequencer",
             "1 on the one instance that integrates and signs the log, 0 on the others.",
-            lambda: float(self.log_sequencer),
+            lambda: float(status.log_sequencer),
         )
         self.metrics.gauge(
             "gateway_log_read_back",
             "Receipts the log read back whole from storage since start: settled by another"
             " instance or before a restart, or not handed over from memory.",
-            lambda: self.log_read_back,
+            lambda: status.log_read_back,
         )
 
-    @property
-    def log_sequencer(self) -> bool:
-        """Whether this gateway integrates the log: in its own loop, or in its log process."""
-        assert self.transparency_log is not None
-        in_child = self.log_process is not None and self.log_process.sequencer
-        return self.transparency_log.sequencer or in_child
-
-    @property
-    def log_size(self) -> int:
-        """The log's size as last known here: from storage, or as the log process said."""
-        assert self.transparency_log is not None
-        in_child = 0 if self.log_process is None else self.log_process.size
-        return max(self.transparency_log.size, in_child)
-
-    @property
-    def log_read_back(self) -> int:
-        """Receipts read back from storage by the log here and by its log process."""
-        assert self.transparency_log is not None
-        in_child = 0 if self.log_process is None else self.log_process.read_back
-        return self.transparency_log.read_back + in_child
-
-    def observers(self) -> list:
+    def observers(self) -> list[RequestObserver]:
         """Who hears how each request went (the /v1 chain's Observe stage, the console's):
         the metrics and the access log, as configured."""
         return [
@@ -172,9 +104,8 @@ class Gateway:
         ]
 
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
-        """The request path over this gateway's parts (call after `start`); `authenticate`
-        swaps key auth for another principal (the console playground)."""
-        assert self.keyring is not None and self.meter is not None and self.limiter is not None
+        """The request path over this gateway's parts; `authenticate` swaps key auth for
+        another principal (the console playground)."""
         config = self.config
         return build_pipeline(
             routes=self.routes,
@@ -189,25 +120,140 @@ class Gateway:
             authenticate=authenticate,
         )
 
-    async def stop(self) -> None:
-        if self.agents is not None:
-            await self.agents.stop()  # runs settle their steps while everything is open
-        await self.sandboxes.close()
-        await self.providers.close()
-        if self.meter is not None:
-            await self.meter.stop()
-        if self.limiter is not None:
-            await self.limiter.close()
-        if self.log_process is not None:
-            await self.log_process.stop()  # after the last settlement: it logs them all
-        if self.transparency_log is not None:
-            await self.transparency_log.stop()
-        if self.instance is not None:
-            await self.instance.stop()  # deregisters: nothing waits for it any more
-        if self.storage is not None:
-            await self.storage.close()
-        if self.access_log is not None:
-            self.access_log.close()
+
+async def open_gateway(
+    config: Config, log_process: bool = False, nodes: NodePool | None = None
+) -> Gateway:
+    """Build and start every part, in order; a part that fails stops those before it.
+    `log_process` (gateway serve): the transparency log in a child process when the config
+    says so (gateway/proofs/log_process.py). `nodes`: the sandbox nodes, when made before
+    (a spawned node's port is bound then: taken, `gateway serve` stops before serving)."""
+    async with contextlib.AsyncExitStack() as stack:
+        metrics = Metrics()
+        access_log = AccessLog(config.server.log_format) if config.server.access_log else None
+        if access_log is not None:
+            stack.callback(access_log.close)
+        pepper = load_or_create_secret(config.path(config.secrets.key_pepper_file))
+        storage = await open_storage(config.storage_url)
+        stack.push_async_callback(storage.close)
+        owner, lease_s = process_owner(), config.cluster.lease_s
+        instance = Instance(storage, owner, lease_s)
+        await instance.start()  # registered and leased before anything is served
+        stack.push_async_callback(instance.stop)  # deregisters: nothing waits for it any more
+        keyring = KeyRing(storage, pepper, instance)
+        signing_key = load_or_create_signing_key(config.path(config.secrets.signing_key_file))
+        transparency_log = TransparencyLog(storage, signing_key, origin=log_origin(config))
+        child = None
+        if log_process and config.proofs.log_process:
+            child = LogProcess(
+                config.storage_url,
+                config.path(config.secrets.signing_key_file),
+                log_origin(config),
+                config.server.log_format,
+            )
+            await child.start()  # first: it takes the sequencer lock
+        await transparency_log.start()  # integrates, or follows the log process
+        stack.push_async_callback(_stop_logs, transparency_log, child)
+        log_status = _LogStatus(transparency_log, child)
+        limiter = await open_limiter(config, storage)
+        stack.push_async_callback(limiter.close)
+
+        def offer_to_the_log(record: ReceiptRecord) -> None:
+            """A receipt being settled, to whichever log integrates here."""
+            transparency_log.offer(record)
+            if child is not None:
+                child.offer(record)
+
+        meter_class = LeasedMeter if config.metering.leases else StorageMeter
+        meter = meter_class(
+            storage,
+            metrics,
+            owner=owner,
+            lease_s=lease_s,
+            instance=instance,
+            on_settling=offer_to_the_log,
+        )
+        await meter.start()
+        stack.push_async_callback(meter.stop)  # before the logs stop: they log every receipt
+        providers = Providers(config)
+        await providers.start()
+        stack.push_async_callback(providers.close)
+        sandboxes = SandboxExecutions(config, storage, nodes or NodePool(config))
+        await sandboxes.start()  # node sessions, health checks; spawn = true: the node
+        stack.push_async_callback(sandboxes.close)
+        core = CoreHandlers(
+            config=config,
+            catalog=ConfigCatalog(config),
+            storage=storage,
+            instance=instance,
+            breakers=providers.breakers,
+            nodes=sandboxes.pool,
+            log=log_status,
+            metrics=metrics,
+        )
+        inference = InferenceHandlers(providers, config.limits.gateway_timeout_s, metrics)
+        proofs = ProofHandlers(transparency_log, signing_key, config.server.public_url)
+        routes = RouteTable(
+            core.routes() + inference.routes() + proofs.routes() + sandboxes.routes()
+        )
+        core.list_endpoints(routes)
+        agents = AgentEngine.over_endpoints(
+            storage, meter, core.catalog, routes, lease_s=config.agents.lease_s
+        )
+        await agents.start()  # fails the runs of a dead process; then sweeps
+        stack.push_async_callback(agents.stop)  # first to stop: runs settle their steps
+        gateway = Gateway(
+            config=config,
+            catalog=core.catalog,
+            metrics=metrics,
+            access_log=access_log,
+            storage=storage,
+            instance=instance,
+            keyring=keyring,
+            limiter=limiter,
+            meter=meter,
+            signing_key=signing_key,
+            transparency_log=transparency_log,
+            log_process=child,
+            log_status=log_status,
+            providers=providers,
+            sandboxes=sandboxes,
+            routes=routes,
+            agents=agents,
+            _closing=stack.pop_all(),
+        )
+    gateway.register_gauges()
+    for line in startup_summary(config):
+        log.info("%s", line)
+    return gateway
+
+
+async def _stop_logs(transparency_log: TransparencyLog, child: LogProcess | None) -> None:
+    if child is not None:
+        await child.stop()  # after the last settlement: it logs them all
+    await transparency_log.stop()
+
+
+class _LogStatus:
+    """The log as this process sees it: its own, or its child's when a child integrates."""
+
+    def __init__(self, own: TransparencyLog, child: LogProcess | None) -> None:
+        self.own, self.child = own, child
+
+    @property
+    def log_sequencer(self) -> bool:
+        """Whether this gateway integrates the log: in its own loop, or in its log process."""
+        return self.own.sequencer or (self.child is not None and self.child.sequencer)
+
+    @property
+    def log_size(self) -> int:
+        """The log's size as last known here: from storage, or as the log process said."""
+        return max(self.own.size, 0 if self.child is None else self.child.size)
+
+    @property
+    def log_read_back(self) -> int:
+        """Receipts read back from storage by the log here and by its log process."""
+        return self.own.read_back + (0 if self.child is None else self.child.read_back)
 
 
 class GatewayApp:
@@ -220,58 +266,60 @@ class GatewayApp:
         on_started: Callable[[], None] | None = None,
         log_process: bool = False,
     ) -> None:
-        self.gateway = Gateway(config, log_process)
+        self.config = config
+        self.log_process = log_process
+        self.nodes = NodePool(config)  # binds a spawned node's port now (ConfigError if taken)
         self.on_started = on_started  # called once started, before the first request
-        self._pipeline = None
+        self.gateway: Gateway | None = None  # once started
+        self._pipeline: ASGIApp | None = None
         self._start_lock = asyncio.Lock()
 
-    async def _ensure_started(self) -> None:
+    async def _ensure_started(self) -> ASGIApp:
         async with self._start_lock:
             if self._pipeline is None:
-                await self.gateway.start()
-                self._pipeline = mount_console(self.gateway, self.gateway.pipeline())
+                gateway = await open_gateway(self.config, self.log_process, self.nodes)
+                self.gateway = gateway
+                self._pipeline = mount_console(gateway, gateway.pipeline())
+            return self._pipeline
+
+    async def _stop(self) -> None:
+        if self.gateway is not None:
+            gateway, self.gateway, self._pipeline = self.gateway, None, None
+            await gateway.close()
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, _app=None):
+    async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
         await self._ensure_started()
         try:
             yield
         finally:
-            await self.gateway.stop()
+            await self._stop()
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._serve_lifespan(receive, send)
             return
-        if self._pipeline is None:
-            await self._ensure_started()
-        await self._pipeline(scope, receive, send)
+        pipeline = self._pipeline or await self._ensure_started()
+        await pipeline(scope, receive, send)
 
-    async def _serve_lifespan(self, receive, send) -> None:
+    async def _serve_lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
         try:
-            await self._ensure_started()
+            await self._ensure_started()  # a part that fails closes those started before it
         except Exception as exc:
             log.error("start-up failed: %s", exc)
-            # Close what did start (storage threads, the node, sessions), or the process
-            # may hang on them instead of exiting.
-            try:
-                await self.gateway.stop()
-            except Exception:
-                log.exception("closing after a failed start-up failed too")
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             return
         if self.on_started is not None:
             self.on_started()
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
-        await self.gateway.stop()
+        await self._stop()
         await send({"type": "lifespan.shutdown.complete"})
 
 
 def create_app(
     config: Config, on_started: Callable[[], None] | None = None, log_process: bool = False
 ) -> GatewayApp:
-    """The gateway as an ASGI app; `log_process` (gateway serve): the transparency log in a
-    child process when the config says so (gateway/proofs/log_process.py)."""
+    """The gateway as an ASGI app (see `open_gateway` for `log_process`)."""
     return GatewayApp(config, on_started, log_process)

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from model_gateway.gateway.api import CoreHandlers
-from model_gateway.gateway.app import Gateway
+from model_gateway.gateway.app import open_gateway
 from model_gateway.gateway.config import parse_config
 from model_gateway.pipeline.errors import ServiceUnavailable
 
 
 async def test_healthz_is_503_once_storage_stops_answering(tmp_path):
-    gateway = Gateway(parse_config('[providers.local]\nkind = "echo"\n', base_dir=tmp_path))
-    await gateway.start()
-    healthz = CoreHandlers(gateway).healthz
+    config = parse_config('[providers.local]\nkind = "echo"\n', base_dir=tmp_path)
+    gateway = await open_gateway(config)
+    [endpoint] = [ep for ep in gateway.routes.endpoints if ep.path == "/healthz"]
     try:
-        assert (await healthz(None)).status_code == 200
+        assert (await endpoint.handler(None)).status_code == 200
         await gateway.storage.close()  # as if the database went away under the gateway
         with pytest.raises(ServiceUnavailable):
-            await healthz(None)
+            await endpoint.handler(None)
     finally:
-        gateway.storage = None  # already closed
-        await gateway.stop()
+        await gateway.close()  # closing the storage again does nothing

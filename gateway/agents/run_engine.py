@@ -74,19 +74,6 @@ class OwnedMeter(Meter, Protocol):
     def owner(self) -> str: ...
 
 
-class AgentsGateway(Protocol):
-    """What `AgentEngine.for_gateway` reads of a started gateway (gateway.app.Gateway)."""
-
-    @property
-    def storage(self) -> Storage | None: ...
-    @property
-    def meter(self) -> OwnedMeter | None: ...
-    @property
-    def catalog(self) -> ConfigCatalog: ...
-    @property
-    def routes(self) -> RouteTable: ...
-
-
 def _shutdown() -> RunStops:
     message = "The gateway stopped during the run."
     return RunStops("failed", {"type": "service_unavailable", "message": message})
@@ -145,17 +132,24 @@ class AgentEngine:
         self._sweeper: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_gateway(cls, gateway: AgentsGateway, *, lease_s: float) -> AgentEngine:
-        """Over a started gateway's storage, meter and its own /v1 endpoints."""
-        storage, meter = gateway.storage, gateway.meter
-        assert storage is not None and meter is not None  # set by the gateway's start
+    def over_endpoints(
+        cls,
+        storage: Storage,
+        meter: OwnedMeter,
+        catalog: ConfigCatalog,
+        routes: RouteTable,
+        *,
+        lease_s: float,
+    ) -> AgentEngine:
+        """Over the gateway's storage and meter, running steps through its own /v1
+        endpoints (found in `routes`)."""
         return cls(
             storage,
             meter,
-            gateway.catalog,
+            catalog,
             owner=meter.owner,
-            model_endpoint=_endpoint(gateway.routes, "POST", "/v1/chat/completions"),
-            sandbox_endpoint=_endpoint(gateway.routes, "POST", "/v1/sandbox/executions"),
+            model_endpoint=_endpoint(routes, "POST", "/v1/chat/completions"),
+            sandbox_endpoint=_endpoint(routes, "POST", "/v1/sandbox/executions"),
             lease_s=lease_s,
         )
 

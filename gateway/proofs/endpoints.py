@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, overload
 from urllib.parse import parse_qs
 
 import msgspec
@@ -52,17 +52,6 @@ _PARTIAL_TILE_CACHE = "public, max-age=60"
 _CHECKPOINT_CACHE = "no-cache"
 _JSON_MEDIA_TYPE = "application/json; charset=utf-8"
 _MAX_SIZE = 2**63 - 1  # storage's integers: a tree is never larger
-
-
-class ProofsGateway(Protocol):
-    """What the proof endpoints read of the gateway (gateway.app.Gateway): set at start."""
-
-    @property
-    def config(self) -> Config: ...
-    @property
-    def signing_key(self) -> SigningKey | None: ...
-    @property
-    def transparency_log(self) -> TransparencyLog | None: ...
 
 
 class _FromScope:
@@ -127,20 +116,12 @@ def _encoded(struct: msgspec.Struct) -> Response:
 
 
 class ProofHandlers:
-    def __init__(self, gateway: ProofsGateway) -> None:
-        self.gateway = gateway
-
-    @property
-    def log(self) -> TransparencyLog:
-        transparency_log = self.gateway.transparency_log
-        assert transparency_log is not None  # set at start, before any request
-        return transparency_log
-
-    @property
-    def signing_key(self) -> SigningKey:
-        key = self.gateway.signing_key
-        assert key is not None  # set at start, before any request
-        return key
+    def __init__(
+        self, log: TransparencyLog, signing_key: SigningKey, public_url: str | None
+    ) -> None:
+        self.log = log
+        self.signing_key = signing_key
+        self.public_url = public_url
 
     def routes(self) -> list[Endpoint]:
         return [
@@ -272,7 +253,7 @@ class ProofHandlers:
             # Checked as any verifier would: from the encoded document, against our key.
             result = verify_proof_document(msgspec.to_builtins(doc), self.signing_key.public_key)
             # Links from the operator's public_url or the mount, never from Host.
-            base = link_base(self.gateway.config.server.public_url, scope)
+            base = link_base(self.public_url, scope)
             html = proof_page(doc, result, link_base=base)
             return HTMLResponse(html, headers=headers)
 

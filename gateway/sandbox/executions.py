@@ -31,7 +31,7 @@ import secrets
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 import orjson
@@ -115,23 +115,14 @@ class NodeResult(msgspec.Struct):
     oom_killed: bool = False
 
 
-class SandboxGateway(Protocol):
-    """What the executions read of the gateway (gateway.app.Gateway); storage is set at start."""
-
-    @property
-    def config(self) -> Config: ...
-    @property
-    def storage(self) -> AccountsPort | None: ...
-
-
 class SandboxExecutions:
     """The endpoint, and its side of the nodes (gateway.sandbox.pool)."""
 
-    def __init__(self, gateway: SandboxGateway) -> None:
-        self.gateway = gateway
-        prices = gateway.config.sandbox_pricing
+    def __init__(self, config: Config, storage: AccountsPort, pool: NodePool) -> None:
+        self.storage = storage
+        prices = config.sandbox_pricing
         self.pricing = SandboxPricing(prices.per_execution, prices.per_second)
-        self.pool = NodePool(gateway.config)
+        self.pool = pool
         self._started = False
 
     def routes(self) -> list[Endpoint]:
@@ -253,9 +244,9 @@ class SandboxExecutions:
         )
 
     async def _sandbox_of(self, ctx: RequestContext, request: ExecutionRequest) -> SandboxRecord:
-        storage, project = self.gateway.storage, ctx.project
-        assert storage is not None and project is not None  # started; key auth ran
-        sandbox = await storage.get_sandbox(request.sandbox_id)
+        project = ctx.project
+        assert project is not None  # key auth ran
+        sandbox = await self.storage.get_sandbox(request.sandbox_id)
         # Another project's sandbox is as absent as a missing one.
         if sandbox is None or sandbox.project_id != project.id:
             raise NotFound("No sandbox configuration with this ID exists.", param="sandbox_id")

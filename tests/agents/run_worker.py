@@ -8,15 +8,14 @@ import asyncio
 import json
 import sys
 
-from model_gateway.gateway.app import Gateway
+from model_gateway.gateway.app import open_gateway
 from model_gateway.gateway.config import load_config
 
 SLOW = "```python\nimport time\ntime.sleep(20)\n```"
 
 
 async def main(config: str, project_id: str, sandbox_id: str) -> None:
-    gateway = Gateway(load_config(config))
-    await gateway.start()
+    gateway = await open_gateway(load_config(config))
     agent = await gateway.agents.create_agent(
         project_id, name="victim", model="echo-1", tools=["sandbox"], sandbox_id=sandbox_id
     )

@@ -7,7 +7,7 @@ import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
-from model_gateway.gateway.app import Gateway
+from model_gateway.gateway.app import Gateway, open_gateway
 from model_gateway.gateway.config import parse_config
 from model_gateway.gateway.metering.pricing import held_output_tokens
 from model_gateway.gateway.metering.storage_meter import current_month
@@ -80,15 +80,19 @@ class AgentGateway:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.db_path = folder / "data" / "gateway.db"
-        self.gateway = Gateway(
-            parse_config(gateway_config(folder, node, lease_s=lease_s), base_dir=folder)
-        )
+        self.config = parse_config(gateway_config(folder, node, lease_s=lease_s), base_dir=folder)
+        self._gateway: Gateway | None = None
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self._gateway is not None, "start() first"
+        return self._gateway
 
     async def start(self) -> None:
-        await self.gateway.start()
+        self._gateway = await open_gateway(self.config)
 
     async def stop(self) -> None:
-        await self.gateway.stop()
+        await self.gateway.close()
 
     @property
     def engine(self):
