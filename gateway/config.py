@@ -6,7 +6,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -28,7 +28,7 @@ class Micros(int):
     """An amount in micro-units, written in TOML as a decimal string ("0.50") or number."""
 
 
-def _decode_hook(type_: type, value):
+def _decode_hook(type_: type, value: object) -> object:
     if type_ is Micros:
         if isinstance(value, str | int | float):
             return Micros(parse_amount(value))  # a ValueError here names the key's path
@@ -331,7 +331,7 @@ def _msgspec_path_to_key(message: str, base: str = "") -> str:
     return f"{text} - at `{path}`" if path else text
 
 
-def _explain(message: str, data: dict) -> str:
+def _explain(message: str, data: dict[str, Any]) -> str:
     # msgspec cannot name a table's key (`models[...]`): find the entry that fails alone.
     for section, entry_type in (("providers", ProviderConfig), ("models", ModelConfig)):
         if f"`$.{section}[...]" not in message or not isinstance(data.get(section), dict):
@@ -361,7 +361,7 @@ supports_tools = true
 """
 
 
-def load_config(path: str | os.PathLike | None = None) -> Config:
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     named = path or os.environ.get("GATEWAY_CONFIG")
     chosen = Path(named or DEFAULT_CONFIG)
     if not named and not chosen.exists():
@@ -375,7 +375,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
 
 
 def parse_config(
-    raw: bytes | str, *, base_dir: str | os.PathLike = ".", source: str = "config"
+    raw: bytes | str, *, base_dir: str | os.PathLike[str] = ".", source: str = "config"
 ) -> Config:
     try:
         data = msgspec.toml.decode(raw)

@@ -18,7 +18,7 @@ import anyio
 RECANCEL_S = 0.1  # how long a cancelled task has to end before it is cancelled again
 
 
-async def stop_tasks(*tasks: asyncio.Task | None) -> None:
+async def stop_tasks(*tasks: asyncio.Task[object] | None) -> None:
     """Cancel the tasks (None: not started) and return once every one has ended, whatever
     they raised. A caller cancelled meanwhile still waits for them, then is cancelled (by
     the same exception: an anyio scope knows its own)."""

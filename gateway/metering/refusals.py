@@ -10,6 +10,7 @@ Only the key's own project ever calls with the key, so the figures are its own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.pipeline.errors import BudgetExceeded, GatewayError, InsufficientBalance
@@ -32,30 +33,42 @@ def _over(limit: int, spent: int, held: int, amount: int) -> bool:
     return spent + held + amount > limit
 
 
-def explain_figures(reason: str, amount: int, f: dict) -> GatewayError:
-    """The refusal for `reason` (budget_exceeded | insufficient_balance) given the figures."""
+def _figure(f: Mapping[str, int | None], name: str) -> int:
+    """A figure storage always reads (a NOT NULL column, or a sum with 0 for none)."""
+    value = f[name]
+    assert value is not None, name
+    return value
+
+
+def explain_figures(reason: str, amount: int, f: Mapping[str, int | None]) -> GatewayError:
+    """The refusal for `reason` (budget_exceeded | insufficient_balance) given the figures
+    (`Storage.limit_figures`)."""
     need = f"This request needs a hold of {_usd(amount)}"
     if reason == "insufficient_balance":
-        available = f["balance"] - f["reserved"]
+        balance, reserved = _figure(f, "balance"), _figure(f, "reserved")
+        available = balance - reserved
         return InsufficientBalance(
             f"{need}, but the project's available balance is {_usd(max(available, 0))}"
-            f" (balance {_usd(f['balance'])}, of which {_usd(f['reserved'])} is held by"
+            f" (balance {_usd(balance)}, of which {_usd(reserved)} is held by"
             " requests in flight)." + HOLD_HINT
         )
     limit = f.get("key_monthly_limit")
-    if limit is not None and _over(limit, f["key_month_spend"], f["key_reserved"], amount):
-        left = limit - f["key_month_spend"] - f["key_reserved"]
-        return BudgetExceeded(
-            f"{need}, but the key's monthly limit of {_usd(limit)} has {_usd(max(left, 0))}"
-            f" left ({_usd(f['key_month_spend'])} spent this month, {_usd(f['key_reserved'])}"
-            " held)." + HOLD_HINT
-        )
+    if limit is not None:  # a key's figures: its limit, spend and holds
+        key_spent, key_held = _figure(f, "key_month_spend"), _figure(f, "key_reserved")
+        if _over(limit, key_spent, key_held, amount):
+            left = limit - key_spent - key_held
+            return BudgetExceeded(
+                f"{need}, but the key's monthly limit of {_usd(limit)} has"
+                f" {_usd(max(left, 0))} left ({_usd(key_spent)} spent this month,"
+                f" {_usd(key_held)} held)." + HOLD_HINT
+            )
     budget = f["monthly_budget"] if f["monthly_budget"] is not None else 0
-    left = budget - f["month_spend"] - f["reserved"]
+    spent, held = _figure(f, "month_spend"), _figure(f, "reserved")
+    left = budget - spent - held
     return BudgetExceeded(
         f"{need}, but the project's monthly budget of {_usd(budget)} has"
-        f" {_usd(max(left, 0))} left ({_usd(f['month_spend'])} spent this month,"
-        f" {_usd(f['reserved'])} held)." + HOLD_HINT
+        f" {_usd(max(left, 0))} left ({_usd(spent)} spent this month,"
+        f" {_usd(held)} held)." + HOLD_HINT
     )
 
 

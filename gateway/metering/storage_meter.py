@@ -147,7 +147,7 @@ class StorageMeter:
 
     async def reserve(
         self, project_id: str, key_id: str | None, amount: int, *, watched: bool = False
-    ) -> ReservationRecord:
+    ) -> Reserved:
         """A written hold, shown in `reserved` once committed, watched or not."""
         if self.instance is not None:
             self.instance.check_serving()

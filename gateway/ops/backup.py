@@ -15,7 +15,9 @@ import shutil
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 
@@ -24,11 +26,15 @@ from model_gateway.gateway.config import Config, ConfigError, load_config
 DATABASE = "gateway.db"
 
 
+# The CLI's parser class: its subparsers and their parents are of that class.
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
+
+
 class BackupError(Exception):
     pass
 
 
-def add_parsers(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def add_parsers(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     p = commands.add_parser("backup", parents=[common], help="back up the database and secrets")
     p.add_argument("directory", help="a new or empty folder")
     p.set_defaults(standalone=lambda args: _run(args, backup))
@@ -37,7 +43,7 @@ def add_parsers(commands: argparse._SubParsersAction, common: argparse.ArgumentP
     p.set_defaults(standalone=lambda args: _run(args, restore))
 
 
-def _run(args: argparse.Namespace, action) -> int:
+def _run(args: argparse.Namespace, action: Callable[[Config, Path], dict[str, object]]) -> int:
     try:
         record = action(load_config(args.config), Path(args.directory))
     except (ConfigError, BackupError, OSError, sqlite3.Error) as exc:

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import orjson
 
@@ -34,6 +34,9 @@ from model_gateway.gateway.config import (
 from model_gateway.storage import StorageError, open_storage
 
 NODE_TIMEOUT_S = 3
+
+# The CLI's parser class: its subparsers and their parents are of that class.
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Check:
 _SHOWN = {"ok": "ok     ", "warning": "WARNING", "problem": "PROBLEM"}
 
 
-def add_parser(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def add_parser(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     p = commands.add_parser("doctor", parents=[common], help="check this deployment")
     p.set_defaults(standalone=run)
 

@@ -7,7 +7,8 @@ read (open holds, log size and lag) are read at scrape time, not kept on the hot
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from model_gateway.gateway.ops.metrics_text import (
     Counter,
@@ -17,8 +18,14 @@ from model_gateway.gateway.ops.metrics_text import (
     HistogramChild,
     Registry,
 )
-from model_gateway.gateway.routing.breaker import GAUGE_VALUE
+from model_gateway.gateway.routing.breaker import GAUGE_VALUE, Breakers
 from model_gateway.pipeline.context import RequestContext, Settlement
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.sandbox.pool import NodePool, SandboxNode
+
+# A node gauge's samples: ((node name,), value) per node.
+_NodeSamples = list[tuple[tuple[str], float]]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNMATCHED = "unmatched"  # the endpoint label of a request no route matched
@@ -36,16 +43,23 @@ class _ScrapeTimeGauges:
             gauge.render(out)
 
 
-def _node_up(nodes) -> list[tuple[tuple[str], float]]:
+def _node_up(nodes: Sequence[SandboxNode]) -> _NodeSamples:
     return [((node.name,), int(node.healthy)) for node in nodes]
 
 
-def _node_slots(nodes) -> list[tuple[tuple[str], float]]:
+def _node_slots(nodes: Sequence[SandboxNode]) -> _NodeSamples:
     return [((node.name,), node.max_concurrent) for node in nodes]
 
 
-def _node_in_use(nodes) -> list[tuple[tuple[str], float]]:
+def _node_in_use(nodes: Sequence[SandboxNode]) -> _NodeSamples:
     return [((node.name,), node.in_use) for node in nodes]
+
+
+def _pool_reader(
+    pool: NodePool, read: Callable[[Sequence[SandboxNode]], _NodeSamples]
+) -> Callable[[], _NodeSamples]:
+    """`read` over the pool's nodes as they are at scrape time."""
+    return lambda: read(pool.nodes)
 
 
 class Metrics:
@@ -104,7 +118,7 @@ class Metrics:
         """A gauge read at scrape time (e.g. open holds, the log's size)."""
         self._gauges.gauges[name] = Gauge.single(name, documentation, read)
 
-    def breakers(self, breakers) -> None:
+    def breakers(self, breakers: Breakers) -> None:
         """Publish the providers' breakers (gateway.routing.breaker.Breakers):
         gateway_provider_breaker{provider}: 0 closed, 1 open, 2 half-open (read at scrape)."""
         self.registry.register(
@@ -116,7 +130,7 @@ class Metrics:
             )
         )
 
-    def sandbox_nodes(self, pool) -> None:
+    def sandbox_nodes(self, pool: NodePool) -> None:
         """Publish the sandbox nodes' health and slots (gateway.sandbox.pool.NodePool): per
         node (its config name), up (1/0), slots, slots in use (read at scrape)."""
         for name, documentation, read in (
@@ -124,9 +138,7 @@ class Metrics:
             ("gateway_sandbox_node_slots", "Sandbox node slots (max_concurrent).", _node_slots),
             ("gateway_sandbox_node_slots_in_use", "Sandbox node slots running.", _node_in_use),
         ):
-            self.registry.register(
-                Gauge(name, documentation, lambda read=read: read(pool.nodes), ["node"])
-            )
+            self.registry.register(Gauge(name, documentation, _pool_reader(pool, read), ["node"]))
 
     def text(self) -> bytes:
         return self.registry.render()

@@ -14,8 +14,8 @@ Tests parse the output with prometheus_client's own parser (tests/operations/).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, Protocol, TypeVar, cast
 
 INF = float("inf")
 
@@ -57,7 +57,10 @@ class Collector(Protocol):
         """Append this collector's lines (each ending in a newline) to `out`."""
 
 
-class _Family:
+_Child = TypeVar("_Child")
+
+
+class _Family(Generic[_Child]):
     """A metric family with fixed label names and one child per tuple of label values, made
     by the first `labels(...)` call for that tuple and kept (label sets must be bounded)."""
 
@@ -68,9 +71,9 @@ class _Family:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[object, ...], Any] = {}  # keys: label values, as str
+        self._children: dict[tuple[object, ...], _Child] = {}  # keys: label values, as str
 
-    def _child(self, values: tuple[object, ...]) -> Any:
+    def _child(self, values: tuple[object, ...]) -> _Child:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
@@ -81,7 +84,7 @@ class _Family:
                 child = self._children[key] = self._new_child()
         return child
 
-    def _new_child(self) -> Any:
+    def _new_child(self) -> _Child:
         raise NotImplementedError
 
     def _header(self, out: list[str]) -> None:
@@ -89,10 +92,11 @@ class _Family:
         out.append(f"# HELP {name} {_escape_help(self.documentation)}\n")
         out.append(f"# TYPE {name} {self.kind}\n")
 
-    def _series(self):
+    def _series(self) -> Iterator[tuple[list[tuple[str, str]], _Child]]:
         """(label name/value pairs, child) per child, in creation order."""
         for values, child in self._children.items():
-            yield list(zip(self.labelnames, values, strict=True)), child
+            labels = cast("tuple[str, ...]", values)  # _child stores them as str
+            yield list(zip(self.labelnames, labels, strict=True)), child
 
 
 class CounterChild:
@@ -107,7 +111,7 @@ class CounterChild:
         self.value += amount
 
 
-class Counter(_Family):
+class Counter(_Family[CounterChild]):
     kind = "counter"
     suffix = "_total"
 
@@ -139,7 +143,7 @@ class HistogramChild:
         self.sum += amount
 
 
-class Histogram(_Family):
+class Histogram(_Family[HistogramChild]):
     kind = "histogram"
 
     def __init__(

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -182,7 +184,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # Timers.
 
-    def _arm(self, delay: float, callback) -> None:
+    def _arm(self, delay: float, callback: Callable[[], object]) -> None:
         self._disarm()
         self._timer = self.loop.call_later(delay, callback)
 
@@ -224,7 +226,9 @@ def limits_from(config: Config) -> HeadLimits:
     )
 
 
-def uvicorn_options(config: Config, host: str | None = None, port: int | None = None) -> dict:
+def uvicorn_options(
+    config: Config, host: str | None = None, port: int | None = None
+) -> dict[str, Any]:
     """uvicorn.run's options for this config (bench/hostile_heads.py varies `http`)."""
     return {
         "host": host or config.server.host,
@@ -239,7 +243,9 @@ def uvicorn_options(config: Config, host: str | None = None, port: int | None = 
     }
 
 
-def serve(config: Config, host: str | None = None, port: int | None = None, **overrides) -> None:
+def serve(
+    config: Config, host: str | None = None, port: int | None = None, **overrides: Any
+) -> None:
     import uvicorn
 
     from model_gateway.gateway.app import create_app

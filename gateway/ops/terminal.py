@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
 _CONTROLS_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
@@ -41,7 +41,7 @@ class SafeStream:
         self._stream.write(_CONTROLS_BUT_NEWLINE.sub(_escaped, text))
         return len(text)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)  # flush, fileno, isatty, encoding, buffer...
 
 

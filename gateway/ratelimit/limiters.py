@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.ops.summary import redacted_storage_url
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.pipeline.gcra import Gcra
-from model_gateway.storage import Storage
+from model_gateway.storage import RateLimitPort, Storage
 
 log = logging.getLogger("gateway")
 
@@ -34,6 +34,12 @@ class LocalGcra(Gcra):
         """Nothing to release: the buckets go with the process."""
 
 
+def _shares_rate_limits(storage: Storage) -> TypeGuard[RateLimitPort]:
+    """PostgreSQL storage, which keeps the buckets (found by the method: its class is not
+    imported with SQLite)."""
+    return hasattr(storage, "take_rate_limits")
+
+
 async def open_limiter(config: Config, storage: Storage) -> Limiter:
     if config.ratelimit.url is not None:
         from model_gateway.gateway.ratelimit.redis_gcra import (
@@ -45,7 +51,7 @@ async def open_limiter(config: Config, storage: Storage) -> Limiter:
         await limiter.check()
         log.info("rate limits: shared in Redis at %s", where)
         return limiter
-    if hasattr(storage, "take_rate_limits"):  # PostgreSQL (not imported with SQLite)
+    if _shares_rate_limits(storage):
         from model_gateway.gateway.ratelimit.postgres_gcra import PostgresGcra
 
         log.info("rate limits: shared in PostgreSQL")

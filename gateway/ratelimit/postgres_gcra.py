@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
-from model_gateway.storage import StorageError
-from model_gateway.storage.postgres import PostgresStorage
+from model_gateway.storage import RateLimitPort, StorageError
 
 log = logging.getLogger("gateway")
 
@@ -22,7 +21,7 @@ PRUNE_EVERY_S = 60.0
 
 
 class PostgresGcra:
-    def __init__(self, storage: PostgresStorage, health: StoreHealth) -> None:
+    def __init__(self, storage: RateLimitPort, health: StoreHealth) -> None:
         self._storage = storage
         self._health = health
         self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
