@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import NoReturn, TypeVar
 
 import orjson
 
@@ -25,7 +27,9 @@ from model_gateway.gateway.admin.admin_context import (
 )
 from model_gateway.gateway.admin.admin_views import key_view, project_view, sandbox_view
 from model_gateway.gateway.cli_args import (
+    AdminCommand,
     CliError,
+    Record,
     confirmed_view,
     csv,
     parse_amount_arg,
@@ -34,7 +38,7 @@ from model_gateway.gateway.cli_args import (
     refusal_message,
 )
 from model_gateway.gateway.cluster.admin_confirm import UNCONFIRMED_EXIT
-from model_gateway.gateway.config import ConfigError, load_config
+from model_gateway.gateway.config import Config, ConfigError, load_config
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.gateway.ops import backup, doctor
@@ -50,6 +54,8 @@ from model_gateway.storage import (
     open_storage,
 )
 
+_T = TypeVar("_T")
+
 
 class UsageError(Exception):
     """A command line argparse rejects; `main` reports it, as JSON with --json."""
@@ -62,11 +68,11 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     # argparse prints usage and exits 2 on its own, deaf to --json: raise instead.
     # Subparsers are built with the parent's class, so this covers every command.
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(self.format_usage(), message)
 
 
-async def _with_admin(config, action):
+async def _with_admin(config: Config, action: Callable[[AdminContext], Awaitable[_T]]) -> _T:
     storage = await open_storage(config.storage_url)
     try:
         return await action(admin_context(storage, config, current_month))
@@ -74,7 +80,7 @@ async def _with_admin(config, action):
         await storage.close()
 
 
-async def projects_create(args, admin: AdminContext) -> dict:
+async def projects_create(args: argparse.Namespace, admin: AdminContext) -> Record:
     project = await project_admin.create_project(
         admin,
         name=args.name,
@@ -87,30 +93,30 @@ async def projects_create(args, admin: AdminContext) -> dict:
     return dict(await project_view(admin, project))
 
 
-async def projects_show(args, admin: AdminContext) -> dict:
+async def projects_show(args: argparse.Namespace, admin: AdminContext) -> Record:
     project = await admin.storage.get_project(args.id)
     if project is None:
         raise RecordNotFound(f"no project {args.id}")
     return dict(await project_view(admin, project))
 
 
-async def projects_archive(args, admin: AdminContext) -> dict:
+async def projects_archive(args: argparse.Namespace, admin: AdminContext) -> Record:
     archived = await project_admin.archive_project(admin, args.id)
     return confirmed_view(await project_view(admin, archived.record), archived)
 
 
-def exit_code(record: dict) -> int:
+def exit_code(record: Mapping[str, object]) -> int:
     """0, or UNCONFIRMED_EXIT when an instance still holding its lease did not confirm."""
     instances = record.get("instances")
     return UNCONFIRMED_EXIT if isinstance(instances, dict) and instances["unconfirmed"] else 0
 
 
-async def credit_add(args, admin: AdminContext) -> dict:
+async def credit_add(args: argparse.Namespace, admin: AdminContext) -> Record:
     project = await money_admin.add_credit(admin, args.project, args.amount)
     return {"credited": format_amount(args.amount), **await project_view(admin, project)}
 
 
-async def keys_create(args, admin: AdminContext) -> dict:
+async def keys_create(args: argparse.Namespace, admin: AdminContext) -> Record:
     try:
         scopes = keys.parse_scopes(args.scopes)
     except ValueError as exc:
@@ -127,19 +133,19 @@ async def keys_create(args, admin: AdminContext) -> dict:
     return {"key": created.secret, **await key_view(admin, created.record)}
 
 
-async def keys_revoke(args, admin: AdminContext) -> dict:
+async def keys_revoke(args: argparse.Namespace, admin: AdminContext) -> Record:
     revoked = await key_admin.revoke_key(admin, args.prefix)
     return confirmed_view(await key_view(admin, revoked.record), revoked)
 
 
-async def keys_show(args, admin: AdminContext) -> dict:
+async def keys_show(args: argparse.Namespace, admin: AdminContext) -> Record:
     key = await admin.storage.get_key(args.prefix)
     if key is None:
         raise RecordNotFound(f"no key {args.prefix}")
     return dict(await key_view(admin, key))
 
 
-async def sandboxes_create(args, admin: AdminContext) -> dict:
+async def sandboxes_create(args: argparse.Namespace, admin: AdminContext) -> Record:
     sandbox = await sandbox_admin.create_sandbox(
         admin,
         args.project,
@@ -150,7 +156,7 @@ async def sandboxes_create(args, admin: AdminContext) -> dict:
     return dict(sandbox_view(sandbox))
 
 
-def sandbox_node(args, config) -> int:
+def sandbox_node(args: argparse.Namespace, config: Config) -> int:
     from model_gateway.gateway.config import SandboxNodeConfig
     from model_gateway.gateway.sandbox.node.service import serve_node
     from model_gateway.gateway.sandbox.supervisor import node_address
@@ -170,7 +176,7 @@ def sandbox_node(args, config) -> int:
     return 0
 
 
-def serve(args, config) -> int:
+def serve(args: argparse.Namespace, config: Config) -> int:
     from model_gateway.gateway.ops.server import serve as run_server  # uvicorn: only to serve
 
     try:
@@ -260,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print(record: dict, as_json: bool) -> None:
+def _print(record: Mapping[str, object], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
         return
@@ -301,16 +307,19 @@ def _run(words: list[str]) -> int:
         args = _parser().parse_args(words)
     except UsageError as exc:
         return _usage_failed(exc, words)
-    as_json = getattr(args, "json", False)
-    if hasattr(args, "standalone"):
-        return args.standalone(args)
+    as_json: bool = getattr(args, "json", False)
+    if hasattr(args, "standalone"):  # doctor, backup, restore, verify: no config needed
+        standalone: Callable[[argparse.Namespace], int] = args.standalone
+        return standalone(args)
     try:
         config = load_config(args.config)
         if args.command != "sandbox-node":  # the node sets its sandboxes' modes itself
             restrict_file_modes()
         if hasattr(args, "run"):
-            return args.run(args, config)
-        record = asyncio.run(_with_admin(config, lambda admin: args.action_fn(args, admin)))
+            run: Callable[[argparse.Namespace, Config], int] = args.run
+            return run(args, config)
+        action_fn: AdminCommand = args.action_fn
+        record = asyncio.run(_with_admin(config, lambda admin: action_fn(args, admin)))
     except ConfigError as exc:
         return _fail(str(exc), as_json, "invalid_request")
     except NotPermitted as exc:

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
-from model_gateway.gateway.admin.admin_context import ConfirmedChange, InvalidChange
+from model_gateway.gateway.admin.admin_context import AdminContext, ConfirmedChange, InvalidChange
 from model_gateway.gateway.admin.admin_views import with_instances
 from model_gateway.gateway.metering.money import parse_amount
+
+# What a command prints: one JSON object with --json, else a line per field.
+Record = dict[str, object]
+# A command the admin service serves: its parser's `action_fn`, run with an AdminContext.
+AdminCommand = Callable[[argparse.Namespace, AdminContext], Awaitable[Record]]
 
 
 class CliError(Exception):
@@ -50,9 +55,7 @@ def refusal_message(exc: InvalidChange) -> str:
     return exc.reason if exc.param is None else f"--{exc.param.replace('_', '-')} {exc.reason}"
 
 
-def confirmed_view(
-    view: Mapping[str, object], change: ConfirmedChange[object]
-) -> dict[str, object]:
+def confirmed_view(view: Mapping[str, object], change: ConfirmedChange[object]) -> Record:
     """The view of a changed key or project (revoked, archived, updated) with `instances`;
     an instance that did not confirm is also named on stderr."""
     confirmation = change.confirmation

@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Literal, TypeVar
 
 from model_gateway.gateway.admin import key_admin, money_admin, project_admin, user_admin
 from model_gateway.gateway.admin.admin_context import AdminContext
 from model_gateway.gateway.admin.admin_views import (
+    KeyView,
+    ProjectView,
+    UserView,
     iso,
     key_view,
     payment_view,
     project_view,
     user_view,
 )
+from model_gateway.gateway.admin.key_admin import KeyChanges
+from model_gateway.gateway.admin.project_admin import ProjectChanges
 from model_gateway.gateway.cli_args import (
     CliError,
+    Record,
     confirmed_view,
     csv,
     parse_amount_arg,
@@ -27,30 +34,47 @@ from model_gateway.gateway.cli_args import (
 )
 from model_gateway.storage import RecordNotFound
 
+_T = TypeVar("_T")
+# The CLI's parser class: its subparsers and their parents are of that class.
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
 
-def _listing(args, records: list[dict], label) -> dict:
+
+class ListedKey(KeyView):
+    """A key as `keys list` shows it."""
+
+    name: str | None
+    last_used_at: str | None
+
+
+# What a listing lists.
+_Listed = TypeVar("_Listed", UserView, ProjectView, ListedKey)
+
+
+def _listing(
+    args: argparse.Namespace, records: list[_Listed], label: Callable[[_Listed], str]
+) -> Record:
     """--json: the API's list object; otherwise one readable line per record."""
     if args.json:
         return {"object": "list", "data": records}
     return {record["id"]: label(record) for record in records} or {"(none)": ""}
 
 
-async def users_create(args, admin: AdminContext) -> dict:
+async def users_create(args: argparse.Namespace, admin: AdminContext) -> Record:
     if not args.password_stdin:
         raise CliError("give the password on standard input with --password-stdin")
     password = sys.stdin.readline().rstrip("\r\n")
     return dict(user_view(await user_admin.create_user(admin, args.email, password, args.role)))
 
 
-async def users_grant(args, admin: AdminContext) -> dict:
+async def users_grant(args: argparse.Namespace, admin: AdminContext) -> Record:
     user = await user_admin.grant_project(admin, args.email, args.project)
     return dict(user_view(user, sorted(await admin.storage.granted_projects(user.id))))
 
 
-async def users_list(args, admin: AdminContext) -> dict:
+async def users_list(args: argparse.Namespace, admin: AdminContext) -> Record:
     storage = admin.storage
     users = [
-        dict(user_view(user, sorted(await storage.granted_projects(user.id))))
+        user_view(user, sorted(await storage.granted_projects(user.id)))
         for user in await storage.list_users()
     ]
     return _listing(
@@ -60,11 +84,11 @@ async def users_list(args, admin: AdminContext) -> dict:
     )
 
 
-async def users_disable(args, admin: AdminContext) -> dict:
+async def users_disable(args: argparse.Namespace, admin: AdminContext) -> Record:
     return dict(user_view(await user_admin.disable_user(admin, args.email)))
 
 
-async def payments_record(args, admin: AdminContext) -> dict:
+async def payments_record(args: argparse.Namespace, admin: AdminContext) -> Record:
     payment = await money_admin.record_payment(
         admin, args.project, args.amount, args.reference, None
     )
@@ -74,74 +98,108 @@ async def payments_record(args, admin: AdminContext) -> dict:
     return {**payment_view(payment), "balance": (await project_view(admin, project))["balance"]}
 
 
-async def projects_list(args, admin: AdminContext) -> dict:
-    projects = [dict(await project_view(admin, p)) for p in await admin.storage.list_projects()]
+async def projects_list(args: argparse.Namespace, admin: AdminContext) -> Record:
+    projects = [await project_view(admin, p) for p in await admin.storage.list_projects()]
     return _listing(args, projects, lambda p: f"{p['name']} {p['state']} balance {p['balance']}")
 
 
-async def keys_list(args, admin: AdminContext) -> dict:
+async def keys_list(args: argparse.Namespace, admin: AdminContext) -> Record:
     if await admin.storage.get_project(args.project) is None:
         raise RecordNotFound(f"no project {args.project}")
-    listed = []
+    listed: list[ListedKey] = []
     for listing in await admin.storage.list_keys(args.project):
         view = await key_view(admin, listing.key)
         listed.append({**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)})
     return _listing(args, listed, lambda k: f"{k['prefix']} {k['state']} {','.join(k['scopes'])}")
 
 
-def _or_none(parse):
+def _or_none(parse: Callable[[str], _T]) -> Callable[[str], _T | None]:
     """An argument type that also takes `none`, which clears the value."""
 
-    def convert(text: str):
+    def convert(text: str) -> _T | None:
         return None if text.strip().lower() == "none" else parse(text)
 
     return convert
 
 
-def _changes(args, names: tuple[str, ...]) -> Any:
+# The flags of `projects update` and `keys update`, in the order the changes list them.
+_PROJECT_FLAGS: tuple[Literal["monthly_budget", "rpm", "allow_models", "exclude_models"], ...] = (
+    "monthly_budget",
+    "rpm",
+    "allow_models",
+    "exclude_models",
+)
+_KEY_FLAGS: tuple[Literal["name", "models", "monthly_limit", "expires_at", "rpm"], ...] = (
+    "name",
+    "models",
+    "monthly_limit",
+    "expires_at",
+    "rpm",
+)
+
+
+def _project_changes(args: argparse.Namespace) -> ProjectChanges:
     """The given flags (absent ones are unchanged), as the admin service's changes."""
-    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+    changes: ProjectChanges = {}
+    for name in _PROJECT_FLAGS:
+        if hasattr(args, name):
+            changes[name] = getattr(args, name)
+    return changes
 
 
-async def projects_update(args, admin: AdminContext) -> dict:
-    changes = _changes(args, ("monthly_budget", "rpm", "allow_models", "exclude_models"))
+def _key_changes(args: argparse.Namespace) -> KeyChanges:
+    """The given flags (absent ones are unchanged), as the admin service's changes."""
+    changes: KeyChanges = {}
+    for name in _KEY_FLAGS:
+        if hasattr(args, name):
+            changes[name] = getattr(args, name)
+    return changes
+
+
+async def projects_update(args: argparse.Namespace, admin: AdminContext) -> Record:
+    changes = _project_changes(args)
     updated = await project_admin.update_project(admin, args.id, changes)
     return confirmed_view(await project_view(admin, updated.record), updated)
 
 
-async def keys_update(args, admin: AdminContext) -> dict:
-    changes = _changes(args, ("name", "models", "monthly_limit", "expires_at", "rpm"))
+async def keys_update(args: argparse.Namespace, admin: AdminContext) -> Record:
+    changes = _key_changes(args)
     updated = await key_admin.update_key(admin, args.prefix, changes)
     return confirmed_view(await key_view(admin, updated.record), updated)
 
 
-def _update_parsers(groups, common) -> None:
-    hidden = {"default": argparse.SUPPRESS}  # absent: unchanged
+def _update_parsers(groups: Mapping[str, _Parser], common: _Parser) -> None:
+    absent = argparse.SUPPRESS  # the default of every flag: absent, unchanged
     csv_or_none = _or_none(csv)
     p = _subparsers(groups["projects"]).add_parser("update", parents=[common])
     p.add_argument("id")
-    p.add_argument("--budget", dest="monthly_budget", type=_or_none(parse_amount_arg), **hidden)
-    p.add_argument("--rpm", type=_or_none(positive_int), **hidden)
-    p.add_argument("--allow-models", dest="allow_models", type=csv_or_none, **hidden)
-    p.add_argument("--exclude-models", dest="exclude_models", type=csv_or_none, **hidden)
+    p.add_argument(
+        "--budget", dest="monthly_budget", type=_or_none(parse_amount_arg), default=absent
+    )
+    p.add_argument("--rpm", type=_or_none(positive_int), default=absent)
+    p.add_argument("--allow-models", dest="allow_models", type=csv_or_none, default=absent)
+    p.add_argument("--exclude-models", dest="exclude_models", type=csv_or_none, default=absent)
     p.set_defaults(action_fn=projects_update)
     p = _subparsers(groups["keys"]).add_parser("update", parents=[common])
     p.add_argument("prefix")
-    p.add_argument("--name", type=_or_none(str), **hidden)
-    p.add_argument("--models", type=csv_or_none, **hidden)
+    p.add_argument("--name", type=_or_none(str), default=absent)
+    p.add_argument("--models", type=csv_or_none, default=absent)
     p.add_argument(
-        "--monthly-limit", dest="monthly_limit", type=_or_none(parse_amount_arg), **hidden
+        "--monthly-limit", dest="monthly_limit", type=_or_none(parse_amount_arg), default=absent
     )
-    p.add_argument("--expires-at", dest="expires_at", type=_or_none(parse_time), **hidden)
-    p.add_argument("--rpm", type=_or_none(positive_int), **hidden)
+    p.add_argument("--expires-at", dest="expires_at", type=_or_none(parse_time), default=absent)
+    p.add_argument("--rpm", type=_or_none(positive_int), default=absent)
     p.set_defaults(action_fn=keys_update)
 
 
-def _subparsers(group):
-    return next(a for a in group._actions if a.dest == "action")
+def _subparsers(group: _Parser) -> argparse._SubParsersAction[_Parser]:
+    """The subcommands of a command group (`projects`, `keys`)."""
+    subparsers = next(a for a in group._actions if a.dest == "action")
+    assert isinstance(subparsers, argparse._SubParsersAction)
+    return subparsers
 
 
-def add_parsers(commands, common) -> None:
+def add_parsers(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     """Add `users`, `payments`, `projects list` and `keys list` to the CLI's parsers."""
     users = commands.add_parser("users", help="console users").add_subparsers(
         dest="action", required=True
