@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import calendar
 from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, TypedDict, cast
+
+from starlette.responses import Response
 
 from model_gateway.gateway.admin import money_admin
 from model_gateway.gateway.admin.admin_views import payment_view, project_view
 from model_gateway.gateway.api import receipt_view
-from model_gateway.gateway.console.call import SESSION, Call
+from model_gateway.gateway.console.call import SESSION, Call, route
 from model_gateway.gateway.console.guard import (
     project_of,
     require_active,
     require_owner,
 )
 from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
-from model_gateway.gateway.console.views import ledger_view, page
+from model_gateway.gateway.console.views import ListPage, ledger_view, page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, InvalidRequest
 from model_gateway.storage import AmountOverflow, StateConflict
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
+    from model_gateway.storage.ports import LedgerPort
 
 _PROJECT = "/console/api/projects/{project_id}"
 GROUPS = ("day", "model", "key")
@@ -40,7 +47,37 @@ def month_bounds(today: date) -> tuple[date, date]:
     return today.replace(day=1), today.replace(day=last)
 
 
-def usage_row(row: dict) -> dict:
+class UsageSums(TypedDict):
+    """A row of storage's usage report: the keys LedgerPort.usage names, which it types
+    `object` (counts and micro-units are integers; `group` is None for the playground's
+    key, which has none)."""
+
+    group: str | None
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    sandbox_ms: int
+    cost: int
+
+
+class UsageRow(TypedDict):
+    group: str | None
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    sandbox_seconds: str
+    cost: str
+
+
+# `from` is a keyword: the report's range is declared by the functional syntax.
+_UsageRange = TypedDict("_UsageRange", {"group_by": str, "from": str, "to": str, "total": UsageRow})
+
+
+class UsageReport(ListPage[UsageRow], _UsageRange):
+    """GET .../usage: a row per group, the range and its total."""
+
+
+def usage_row(row: UsageSums) -> UsageRow:
     return {
         "group": row["group"],
         "requests": row["requests"],
@@ -51,27 +88,34 @@ def usage_row(row: dict) -> dict:
     }
 
 
-async def usage_report(storage, project_id: str, first: date, last: date, group_by: str) -> dict:
+async def usage_report(
+    storage: LedgerPort, project_id: str, first: date, last: date, group_by: str
+) -> UsageReport:
     """Totals per day, model or key over the inclusive UTC dates, and over the whole range."""
-    rows = await storage.usage(project_id, _us(first), _us(last + timedelta(days=1)), group_by)
+    found = await storage.usage(project_id, _us(first), _us(last + timedelta(days=1)), group_by)
+    rows = cast(list[UsageSums], found)
     data = [usage_row(row) for row in rows]
-    total = {
-        name: sum(row[name] for row in rows)
-        for name in ("requests", "input_tokens", "output_tokens", "sandbox_ms", "cost")
+    total: UsageSums = {
+        "group": None,
+        "requests": sum(row["requests"] for row in rows),
+        "input_tokens": sum(row["input_tokens"] for row in rows),
+        "output_tokens": sum(row["output_tokens"] for row in rows),
+        "sandbox_ms": sum(row["sandbox_ms"] for row in rows),
+        "cost": sum(row["cost"] for row in rows),
     }
     return {
         **page(data),
         "group_by": group_by,
         "from": first.isoformat(),
         "to": last.isoformat(),
-        "total": usage_row({**total, "group": None}),
+        "total": usage_row(total),
     }
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage, admin = console.storage, console.admin
 
-    async def usage(call: Call):
+    async def usage(call: Call) -> Response:
         found = await project_of(storage, call)
         default_first, default_last = month_bounds(datetime.now(UTC).date())
         first = query_date(call.query("from"), "from", default_first)
@@ -83,7 +127,7 @@ def routes(console) -> list[Endpoint]:
             raise InvalidRequest("'to' is before 'from'.", param="to")
         return json_response(await usage_report(storage, found.id, first, last, group_by))
 
-    async def receipts(call: Call):
+    async def receipts(call: Call) -> Response:
         found = await project_of(storage, call)
         limit = query_limit(call.query("limit"))
         rows = await storage.list_receipts(found.id, limit + 1, query_cursor(call.query("cursor")))
@@ -92,7 +136,7 @@ def routes(console) -> list[Endpoint]:
         data = [receipt_view(receipt) for _, receipt in rows]
         return json_response(page(data, rows[-1][0] if more else None))
 
-    async def ledger(call: Call):
+    async def ledger(call: Call) -> Response:
         found = await project_of(storage, call)
         limit = query_limit(call.query("limit"))
         entries = await storage.list_ledger(found.id, limit + 1, query_cursor(call.query("cursor")))
@@ -102,8 +146,9 @@ def routes(console) -> list[Endpoint]:
             page([ledger_view(e) for e in entries], entries[-1].id if more else None)
         )
 
-    async def payments(call: Call):
-        require_owner(call.user)
+    async def payments(call: Call) -> Response:
+        user = call.session_user
+        require_owner(user)
         found = await project_of(storage, call)
         fields = Fields(await call.json())
         amount = fields.amount("amount", required=True, positive=True)
@@ -112,7 +157,7 @@ def routes(console) -> list[Endpoint]:
         require_active(found)
         try:
             payment = await money_admin.record_payment(
-                admin, found.id, amount, reference, call.user.email
+                admin, found.id, amount, reference, user.email
             )
         except AmountOverflow:
             raise Conflict(BALANCE_FULL) from None
@@ -122,8 +167,8 @@ def routes(console) -> list[Endpoint]:
         return json_response({**payment_view(payment), "balance": view["balance"]}, status=201)
 
     return [
-        Endpoint("GET", _PROJECT + "/usage", SESSION, usage),
-        Endpoint("GET", _PROJECT + "/receipts", SESSION, receipts),
-        Endpoint("GET", _PROJECT + "/ledger", SESSION, ledger),
-        Endpoint("POST", _PROJECT + "/payments", SESSION, payments),
+        route("GET", _PROJECT + "/usage", SESSION, usage),
+        route("GET", _PROJECT + "/receipts", SESSION, receipts),
+        route("GET", _PROJECT + "/ledger", SESSION, ledger),
+        route("POST", _PROJECT + "/payments", SESSION, payments),
     ]

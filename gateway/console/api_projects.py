@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from starlette.responses import Response
+
 from model_gateway.gateway.admin import key_admin, project_admin, sandbox_admin
 from model_gateway.gateway.admin.admin_context import AdminContext
 from model_gateway.gateway.admin.admin_views import (
+    KeyView,
+    ProjectView,
     iso,
     key_view,
     sandbox_view,
@@ -12,7 +18,7 @@ from model_gateway.gateway.admin.admin_views import (
 )
 from model_gateway.gateway.admin.admin_views import project_view as admin_project_view
 from model_gateway.gateway.admin.project_admin import ProjectChanges
-from model_gateway.gateway.console.call import SESSION, Call
+from model_gateway.gateway.console.call import SESSION, Call, route
 from model_gateway.gateway.console.guard import (
     project_of,
     require_active,
@@ -29,11 +35,23 @@ from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, N
 from model_gateway.storage import PayerAddressTaken, StateConflict
 from model_gateway.storage.base import KeyListing, ProjectRecord
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
+
 _PROJECT = "/console/api/projects/{project_id}"
 MEMBER_PATCH_FIELDS = frozenset({"name"})  # what a member may PATCH (decisions, Hardening III)
 
 
-async def project_view(admin: AdminContext, project: ProjectRecord) -> dict:
+class ConsoleProjectView(ProjectView):
+    payer_addresses: list[str]
+
+
+class KeyListingView(KeyView):
+    name: str | None
+    last_used_at: str | None
+
+
+async def project_view(admin: AdminContext, project: ProjectRecord) -> ConsoleProjectView:
     """The CLI's view of a project, with the addresses it pays from onchain."""
     view = await admin_project_view(admin, project)
     return {**view, "payer_addresses": await admin.storage.payer_addresses(project.id)}
@@ -47,7 +65,7 @@ def _payers(fields: Fields) -> list[str] | None:
     return sorted({address_of(v, f"payer_addresses.{n}") for n, v in enumerate(values)})
 
 
-async def key_listing_view(admin: AdminContext, listing: KeyListing) -> dict:
+async def key_listing_view(admin: AdminContext, listing: KeyListing) -> KeyListingView:
     view = await key_view(admin, listing.key)
     return {**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)}
 
@@ -66,17 +84,17 @@ def _project_options(fields: Fields) -> ProjectChanges:
     return options
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage, admin = console.storage, console.admin
 
-    async def list_projects(call: Call):
-        user = call.user
+    async def list_projects(call: Call) -> Response:
+        user = call.session_user
         ids = None if user.role == "owner" else await storage.granted_projects(user.id)
         projects = await storage.list_projects(ids)
         return json_response(page([await project_view(admin, p) for p in projects]))
 
-    async def create_project(call: Call):
-        require_owner(call.user)
+    async def create_project(call: Call) -> Response:
+        require_owner(call.session_user)
         fields = Fields(await call.json())
         name = fields.string("name", required=True)
         options = _project_options(fields)
@@ -85,13 +103,13 @@ def routes(console) -> list[Endpoint]:
         view = await admin_project_view(admin, created)
         return json_response({**view, "payer_addresses": []}, status=201)
 
-    async def show_project(call: Call):
+    async def show_project(call: Call) -> Response:
         return json_response(await project_view(admin, await project_of(storage, call)))
 
-    async def patch_project(call: Call):
+    async def patch_project(call: Call) -> Response:
         found = await project_of(storage, call)
         body = await call.json()
-        if call.user.role != "owner" and set(body) - MEMBER_PATCH_FIELDS:
+        if call.session_user.role != "owner" and set(body) - MEMBER_PATCH_FIELDS:
             # Budget, limits, model policy and payer addresses are money: the owner's.
             # Named by what members may change, so that a field added later (tpm) is too.
             raise Forbidden("Only an owner may change a project's limits, models or payers.")
@@ -116,8 +134,8 @@ def routes(console) -> list[Endpoint]:
         view = await project_view(admin, updated.record)
         return json_response(with_instances(view, updated.confirmation))
 
-    async def archive_project(call: Call):
-        require_owner(call.user)
+    async def archive_project(call: Call) -> Response:
+        require_owner(call.session_user)
         found = await project_of(storage, call)
         try:
             archived = await project_admin.archive_project(admin, found.id)
@@ -126,33 +144,40 @@ def routes(console) -> list[Endpoint]:
         view = await project_view(admin, archived.record)
         return json_response(with_instances(view, archived.confirmation))
 
-    async def list_keys(call: Call):
+    async def list_keys(call: Call) -> Response:
         found = await project_of(storage, call)
         listings = await storage.list_keys(found.id)
         return json_response(page([await key_listing_view(admin, x) for x in listings]))
 
-    async def create_key(call: Call):
+    async def create_key(call: Call) -> Response:
         found = await project_of(storage, call)
         fields = Fields(await call.json())
         scopes = fields.scopes()
-        options = {
-            "models": fields.string_list("models"),
-            "monthly_limit": fields.amount("monthly_limit"),
-            "expires_at": fields.time("expires_at", future=True),
-            "rpm": fields.positive_int("rpm"),
-        }
+        models = fields.string_list("models")
+        monthly_limit = fields.amount("monthly_limit")
+        expires_at = fields.time("expires_at", future=True)
+        rpm = fields.positive_int("rpm")
         name = fields.string("name")
         fields.unknown()
         require_active(found)
-        created = await key_admin.create_key(admin, found.id, scopes=scopes, name=name, **options)
+        created = await key_admin.create_key(
+            admin,
+            found.id,
+            scopes=scopes,
+            name=name,
+            models=models,
+            monthly_limit=monthly_limit,
+            expires_at=expires_at,
+            rpm=rpm,
+        )
         view = {"key": created.secret, **await key_view(admin, created.record)}
         return json_response({**view, "name": name, "last_used_at": None}, status=201)
 
-    async def revoke_key(call: Call):
+    async def revoke_key(call: Call) -> Response:
         key = await storage.get_key(call.params["prefix"])
         if key is None:
             raise NotFound("No key with this prefix exists.")
-        await visible_project(storage, call.user, key.project_id)  # else as absent: 404
+        await visible_project(storage, call.session_user, key.project_id)  # else as absent: 404
         try:
             revoked = await key_admin.revoke_key(admin, key.prefix)
         except StateConflict:
@@ -160,18 +185,18 @@ def routes(console) -> list[Endpoint]:
         view = await key_view(admin, revoked.record)
         return json_response(with_instances(view, revoked.confirmation))
 
-    async def list_sandboxes(call: Call):
+    async def list_sandboxes(call: Call) -> Response:
         found = await project_of(storage, call)
         sandboxes = await storage.list_sandboxes(found.id)
         return json_response(page([sandbox_view(s) for s in sandboxes]))
 
-    async def create_sandbox(call: Call):
+    async def create_sandbox(call: Call) -> Response:
         found = await project_of(storage, call)
         fields = Fields(await call.json())
         runtime = fields.string("runtime", required=True)
         if runtime not in ("python", "node", "bash"):
             raise InvalidRequest("'runtime' must be python, node or bash.", param="runtime")
-        limits = {}
+        limits: dict[str, int] = {}
         for name in ("timeout_s", "memory_mb"):
             value = fields.positive_int(name)
             limits[name] = SANDBOX_LIMITS[name].default if value is None else value
@@ -181,14 +206,14 @@ def routes(console) -> list[Endpoint]:
         return json_response({**sandbox_view(created), "payer_addresses": []}, status=201)
 
     return [
-        Endpoint("GET", "/console/api/projects", SESSION, list_projects),
-        Endpoint("POST", "/console/api/projects", SESSION, create_project),
-        Endpoint("GET", _PROJECT, SESSION, show_project),
-        Endpoint("PATCH", _PROJECT, SESSION, patch_project),
-        Endpoint("POST", _PROJECT + "/archive", SESSION, archive_project),
-        Endpoint("GET", _PROJECT + "/keys", SESSION, list_keys),
-        Endpoint("POST", _PROJECT + "/keys", SESSION, create_key),
-        Endpoint("POST", "/console/api/keys/{prefix}/revoke", SESSION, revoke_key),
-        Endpoint("GET", _PROJECT + "/sandboxes", SESSION, list_sandboxes),
-        Endpoint("POST", _PROJECT + "/sandboxes", SESSION, create_sandbox),
+        route("GET", "/console/api/projects", SESSION, list_projects),
+        route("POST", "/console/api/projects", SESSION, create_project),
+        route("GET", _PROJECT, SESSION, show_project),
+        route("PATCH", _PROJECT, SESSION, patch_project),
+        route("POST", _PROJECT + "/archive", SESSION, archive_project),
+        route("GET", _PROJECT + "/keys", SESSION, list_keys),
+        route("POST", _PROJECT + "/keys", SESSION, create_key),
+        route("POST", "/console/api/keys/{prefix}/revoke", SESSION, revoke_key),
+        route("GET", _PROJECT + "/sandboxes", SESSION, list_sandboxes),
+        route("POST", _PROJECT + "/sandboxes", SESSION, create_sandbox),
     ]

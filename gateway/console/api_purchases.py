@@ -3,10 +3,14 @@ transaction and credits it; GET .../purchases/{tx_hash} only reports where it st
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+from starlette.responses import Response
+
 from model_gateway.gateway.admin import money_admin
 from model_gateway.gateway.admin.admin_views import iso, project_view
 from model_gateway.gateway.console.api_money import BALANCE_FULL
-from model_gateway.gateway.console.call import SESSION, Call
+from model_gateway.gateway.console.call import SESSION, Call, route
 from model_gateway.gateway.console.guard import project_of, require_active
 from model_gateway.gateway.console.onchain import (
     RETRY_S,
@@ -21,16 +25,30 @@ from model_gateway.gateway.metering.storage_meter import current_month
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, NotFound, ServiceUnavailable
 from model_gateway.storage import AmountOverflow, StateConflict
-from model_gateway.storage.base import PurchaseRecord, now_s
+from model_gateway.storage.base import ProjectRecord, PurchaseRecord, now_s
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
 
 _PROJECT = "/console/api/projects/{project_id}"
 NOT_CONFIGURED = "Onchain purchases are not configured on this deployment."
 ALREADY_CREDITED = "This transaction is already credited."
 
 
-def purchase_view(purchase: PurchaseRecord, status: str = "credited") -> dict:
+class PurchaseView(TypedDict):
+    object: str
+    status: str  # credited | confirmed
+    tx_hash: str
+    project: str
+    sender: str
+    token_units: str
+    amount: str
+    created_at: NotRequired[str | None]  # credited only
+
+
+def purchase_view(purchase: PurchaseRecord, status: str = "credited") -> PurchaseView:
     """A purchase credited, or (status "confirmed") one that a POST would credit now."""
-    view = {
+    view: PurchaseView = {
         "object": "purchase",
         "status": status,
         "tx_hash": purchase.tx_hash,
@@ -44,12 +62,12 @@ def purchase_view(purchase: PurchaseRecord, status: str = "credited") -> dict:
     return view
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage, admin = console.storage, console.admin
     settings = console.config.purchases
     chain = ChainReader(settings) if settings is not None else None
 
-    async def confirmed(project, tx_hash: str):
+    async def confirmed(project: ProjectRecord, tx_hash: str) -> PurchaseRecord | Response:
         """The purchase the confirmed transfer makes for the project (not yet stored), or
         the 202 answer while it lacks confirmations."""
         if chain is None:
@@ -75,7 +93,7 @@ def routes(console) -> list[Endpoint]:
             created_at=now_s(),
         )
 
-    async def post(call: Call):
+    async def post(call: Call) -> Response:
         project = await project_of(storage, call)
         fields = Fields(await call.json())
         tx_hash = tx_hash_of(fields.string("tx_hash", required=True, max_length=80))
@@ -95,7 +113,7 @@ def routes(console) -> list[Endpoint]:
         view = await project_view(admin, project)
         return json_response({**purchase_view(record), "balance": view["balance"]}, status=201)
 
-    async def get(call: Call):
+    async def get(call: Call) -> Response:
         # Reads only: a GET skips the Origin check, so it must never credit anything.
         project = await project_of(storage, call)
         tx_hash = tx_hash_of(call.params["tx_hash"])
@@ -110,6 +128,6 @@ def routes(console) -> list[Endpoint]:
         return json_response(purchase_view(record, "confirmed"))
 
     return [
-        Endpoint("POST", _PROJECT + "/purchases", SESSION, post),
-        Endpoint("GET", _PROJECT + "/purchases/{tx_hash}", SESSION, get),
+        route("POST", _PROJECT + "/purchases", SESSION, post),
+        route("GET", _PROJECT + "/purchases/{tx_hash}", SESSION, get),
     ]

@@ -3,9 +3,13 @@ sign-in both the JSON endpoint and the sign-in form (without JavaScript) go thro
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from starlette.responses import Response
+
 from model_gateway.gateway.admin.admin_views import user_view
 from model_gateway.gateway.admin.passwords import check_password
-from model_gateway.gateway.console.call import SESSION, Call, no_content
+from model_gateway.gateway.console.call import SESSION, Call, no_content, route
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.gateway.json_response import json_response
 from model_gateway.pipeline.context import context_of
@@ -13,10 +17,13 @@ from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
 from model_gateway.pipeline.errors import Unauthenticated
 from model_gateway.storage.base import UserRecord
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
+
 WRONG_CREDENTIALS = "The email or password is incorrect."  # one message for both
 
 
-async def sign_in(console, call: Call, fields: Fields) -> tuple[UserRecord, str]:
+async def sign_in(console: Console, call: Call, fields: Fields) -> tuple[UserRecord, str]:
     """Check `email` and `password` under the throttle's rules (400, 401 for a wrong email
     or password alike, 429 while throttled); the user and the new session's Set-Cookie."""
     email = fields.string("email", required=True, max_length=320)
@@ -24,9 +31,11 @@ async def sign_in(console, call: Call, fields: Fields) -> tuple[UserRecord, str]
     address = call.request.client.host if call.request.client else "unknown"
     async with console.throttle.turn(email, address):
         await console.throttle.check(email, address)
-        user = await console.storage.get_user(email)
-        usable = user is not None and not user.disabled
-        if not await check_password(user.password_hash if usable else None, password):
+        found = await console.storage.get_user(email)
+        user = found if found is not None and not found.disabled else None  # None: unusable
+        # Verified against a decoy when unusable: the same time and the same answer.
+        verified = await check_password(None if user is None else user.password_hash, password)
+        if user is None or not verified:
             await console.throttle.failed(email, address)
             raise Unauthenticated(WRONG_CREDENTIALS)
         await console.throttle.succeeded(email)
@@ -38,25 +47,25 @@ async def sign_in(console, call: Call, fields: Fields) -> tuple[UserRecord, str]
     return user, cookie
 
 
-def routes(console) -> list[Endpoint]:
-    async def login(call: Call):
+def routes(console: Console) -> list[Endpoint]:
+    async def login(call: Call) -> Response:
         fields = Fields(await call.json())
         user, cookie = await sign_in(console, call, fields)
         return json_response({"user": user_view(user)}, headers={"set-cookie": cookie})
 
-    async def logout(call: Call):
+    async def logout(call: Call) -> Response:
         cookie = await console.sessions.end(call.request.scope)
         return no_content({"set-cookie": cookie})
 
-    async def me(call: Call):
-        user = call.user
+    async def me(call: Call) -> Response:
+        user = call.session_user
         projects = None
         if user.role == "member":
             projects = sorted(await console.storage.granted_projects(user.id))
         return json_response({"user": user_view(user, projects)})
 
     return [
-        Endpoint("POST", "/console/api/login", PUBLIC, login),
-        Endpoint("POST", "/console/api/logout", SESSION, logout),
-        Endpoint("GET", "/console/api/me", SESSION, me),
+        route("POST", "/console/api/login", PUBLIC, login),
+        route("POST", "/console/api/logout", SESSION, logout),
+        route("GET", "/console/api/me", SESSION, me),
     ]

@@ -6,6 +6,7 @@ session. API keys are never read here; session cookies are never read on /v1.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -21,6 +22,11 @@ from model_gateway.pipeline.errors import (
     send_error,
 )
 from model_gateway.storage.base import ProjectRecord, Storage, UserRecord
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.call import Call
+    from model_gateway.gateway.console.mount import Console
+    from model_gateway.gateway.console.sessions import Sessions
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 PLAYGROUND_PROJECT = "console.project_id"  # scope key: the project a playground call is for
@@ -53,9 +59,9 @@ async def visible_project(storage: Storage, user: UserRecord, project_id: str) -
     raise NotFound("No project with this ID exists.")
 
 
-async def project_of(storage: Storage, call) -> ProjectRecord:
+async def project_of(storage: Storage, call: Call) -> ProjectRecord:
     """The project named in the request's path, if the signed-in user may see it."""
-    return await visible_project(storage, call.user, call.params["project_id"])
+    return await visible_project(storage, call.session_user, call.params["project_id"])
 
 
 def require_owner(user: UserRecord) -> None:
@@ -77,7 +83,7 @@ class SessionAuth:
     404 not_found (a project the user may not see), 409 conflict (archived project).
     """
 
-    def __init__(self, app: ASGIApp, *, console) -> None:
+    def __init__(self, app: ASGIApp, *, console: Console) -> None:
         self.app = app
         self.console = console
 
@@ -94,7 +100,7 @@ class SessionAuth:
         await self.app(scope, receive, send)
 
 
-async def signed_in(sessions, scope: Scope) -> UserRecord:
+async def signed_in(sessions: Sessions, scope: Scope) -> UserRecord:
     user = await sessions.user(scope)
     if user is None:
         raise Unauthenticated()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from html import escape
+from typing import TYPE_CHECKING
 
 from starlette.responses import HTMLResponse
+
+if TYPE_CHECKING:
+    from model_gateway.storage.base import ProjectRecord, UserRecord
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -29,11 +33,13 @@ TABS = [
 ]
 
 
-def esc(value) -> str:
+def esc(value: object) -> str:
     return "" if value is None else escape(str(value), quote=True)
 
 
-def page(title: str, body: str, *, user=None, status: int = 200) -> HTMLResponse:
+def page(
+    title: str, body: str, *, user: UserRecord | None = None, status: int = 200
+) -> HTMLResponse:
     account = ""
     if user is not None:
         account = (
@@ -56,7 +62,9 @@ def page(title: str, body: str, *, user=None, status: int = 200) -> HTMLResponse
     return HTMLResponse(html, status_code=status, headers=HEADERS)
 
 
-def project_page(title: str, project, tab: str, body: str, *, user) -> HTMLResponse:
+def project_page(
+    title: str, project: ProjectRecord, tab: str, body: str, *, user: UserRecord | None
+) -> HTMLResponse:
     links = "".join(
         f'<a href="/console/projects/{esc(project.id)}{"/" + slug if slug else ""}"'
         f"{' aria-current=page' if slug == tab else ''}>{label}</a>"

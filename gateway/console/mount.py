@@ -4,6 +4,8 @@ playground, which is the /v1 request path with the session as its principal."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -19,7 +21,7 @@ from model_gateway.gateway.console import (
     api_session,
     pages,
 )
-from model_gateway.gateway.console.call import Call
+from model_gateway.gateway.console.call import Call, handler_of
 from model_gateway.gateway.console.guard import (
     PLAYGROUND_PROJECT,
     SessionAuth,
@@ -45,7 +47,13 @@ from model_gateway.pipeline.errors import (
 from model_gateway.pipeline.observe import Observe
 from model_gateway.pipeline.request_id import RequestId
 from model_gateway.pipeline.routing import route_path
-from model_gateway.storage.base import RecordNotFound, StateConflict, UserRecord, now_s
+from model_gateway.storage.base import RecordNotFound, StateConflict, Storage, UserRecord, now_s
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.agents.run_engine import AgentEngine
+    from model_gateway.gateway.catalog import ConfigCatalog
+    from model_gateway.gateway.config import Config
+    from model_gateway.pipeline.ports import RequestObserver
 
 # The three playground paths and the /v1 endpoint each one runs.
 _PLAYGROUND = re.compile(
@@ -54,10 +62,27 @@ _PLAYGROUND = re.compile(
 )
 
 
+class ConsoleGateway(Protocol):
+    """What the console reads of a started gateway (gateway.app.Gateway): its settings and
+    storage, the models its pages offer, the agents' engine, who observes its requests, and
+    the /v1 request path its playground runs."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def storage(self) -> Storage: ...
+    @property
+    def catalog(self) -> ConfigCatalog: ...
+    @property
+    def agents(self) -> AgentEngine: ...
+    def observers(self) -> Sequence[RequestObserver]: ...
+    def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp: ...
+
+
 class Console:
     """The console's parts over a started gateway."""
 
-    def __init__(self, gateway) -> None:
+    def __init__(self, gateway: ConsoleGateway) -> None:
         self.gateway = gateway
         self.config = gateway.config
         self.storage = gateway.storage
@@ -119,7 +144,7 @@ class Console:
         is_api = path.startswith("/console/api/")
         try:
             endpoint, params = self._route(scope, path)
-            user = None
+            user: UserRecord | None = None
             if endpoint.scope == PUBLIC:
                 check_origin(scope, self.public_url)
             else:
@@ -159,7 +184,7 @@ async def _answer(endpoint: Endpoint, call: Call) -> Response:
     """The handler's response; a record gone or changed meanwhile is a 404 or a 409, a
     change the admin service refuses for its input a 400 naming the field."""
     try:
-        return await endpoint.handler(call)
+        return await handler_of(endpoint)(call)
     except RecordNotFound:
         raise NotFound() from None
     except StateConflict:
@@ -185,5 +210,5 @@ class ConsoleMount:
         await self.main(scope, receive, send)
 
 
-def mount_console(gateway, main: ASGIApp) -> ASGIApp:
+def mount_console(gateway: ConsoleGateway, main: ASGIApp) -> ASGIApp:
     return ConsoleMount(Console(gateway), main)

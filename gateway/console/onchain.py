@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -21,6 +22,9 @@ import orjson
 from model_gateway.gateway.config import PurchasesConfig
 from model_gateway.pipeline.errors import Forbidden, InvalidRequest, ServiceUnavailable
 from model_gateway.storage.base import MAX_AMOUNT
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 # keccak256("Transfer(address,address,uint256)"): the topic of every ERC-20 transfer log.
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
@@ -47,14 +51,14 @@ class AwaitingConfirmations(Exception):
         self.confirmations, self.needed = confirmations, needed
 
 
-def tx_hash_of(text) -> str:
+def tx_hash_of(text: object) -> str:
     value = text.strip().lower() if isinstance(text, str) else ""
     if not TX_HASH.fullmatch(value):
         raise InvalidRequest("'tx_hash' must be 0x followed by 64 hex digits.", param="tx_hash")
     return value
 
 
-def address_of(text, param: str) -> str:
+def address_of(text: object, param: str) -> str:
     value = text.strip().lower() if isinstance(text, str) else ""
     if not ADDRESS.fullmatch(value):
         raise InvalidRequest("An address is 0x followed by 40 hex digits.", param=param)
@@ -82,7 +86,9 @@ def credit_of(token_units: int, config: PurchasesConfig) -> int:
     return int(usd * 1_000_000)  # int() of a non-negative Fraction rounds down
 
 
-def transfer_of(receipt: dict, head: int, payers: list[str], config: PurchasesConfig) -> Transfer:
+def transfer_of(
+    receipt: JSONObject, head: int, payers: list[str], config: PurchasesConfig
+) -> Transfer:
     """The confirmed transfer a transaction receipt proves, or the reason it does not."""
     if receipt.get("status") != "0x1":
         raise InvalidRequest("The transaction failed onchain (reverted): nothing to credit.")
@@ -121,7 +127,8 @@ class ChainReader:
     def __init__(self, config: PurchasesConfig) -> None:
         self.config = config
 
-    async def _call(self, session, method: str, params: list):
+    async def _call(self, session: aiohttp.ClientSession, method: str, params: list[str]) -> object:
+        """The call's result: any JSON value, checked by the caller."""
         body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         async with session.post(
             self.config.rpc_url,
@@ -155,6 +162,8 @@ class ChainReader:
             raise ServiceUnavailable(
                 "The chain node cannot be reached; try again shortly.", retry_after=RETRY_S
             ) from None
+        if not isinstance(receipt, dict):  # not a JSON object: no receipt (as .get failed)
+            raise _malformed()
         try:
             return transfer_of(receipt, head, payers, self.config)
         except (KeyError, TypeError, ValueError, AttributeError):  # a receipt of another shape

@@ -7,6 +7,7 @@ made by the one vendored script, static/console.js; the pages themselves only re
 from __future__ import annotations
 
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from starlette.responses import RedirectResponse, Response
 
@@ -18,11 +19,14 @@ from model_gateway.gateway.console import (
     pages_tools,
 )
 from model_gateway.gateway.console.api_session import sign_in
-from model_gateway.gateway.console.call import PAGE, Call
+from model_gateway.gateway.console.call import PAGE, Call, route
 from model_gateway.gateway.console.html import amount_html, api_form, esc, field, page, table
 from model_gateway.gateway.console.payload import Fields
 from model_gateway.pipeline.endpoint import PUBLIC, Endpoint
 from model_gateway.pipeline.errors import GatewayError, NotFound
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
 
 _P = "/console/projects/{project_id}"
 _STATIC_TYPES = {
@@ -77,10 +81,10 @@ def login_page(email: str = "", error: GatewayError | None = None) -> Response:
     return response
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
 
-    async def static(call: Call):
+    async def static(call: Call) -> Response:
         name = call.params["name"]
         if name not in _STATIC_TYPES:
             raise NotFound("No such file.")
@@ -91,13 +95,13 @@ def routes(console) -> list[Endpoint]:
             headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
         )
 
-    async def home(call: Call):
+    async def home(call: Call) -> Response:
         return RedirectResponse("/console/projects", status_code=303)
 
-    async def login(call: Call):
+    async def login(call: Call) -> Response:
         return login_page()
 
-    async def login_form(call: Call):
+    async def login_form(call: Call) -> Response:
         """The sign-in form posted without JavaScript: the JSON endpoint's sign-in, then
         303 to the console; refused, the sign-in page again with the error (and its status)."""
         form: dict[str, str] = {}
@@ -110,10 +114,10 @@ def routes(console) -> list[Endpoint]:
             "/console/projects", status_code=303, headers={"set-cookie": cookie}
         )
 
-    async def projects(call: Call):
-        user = call.user
+    async def projects(call: Call) -> Response:
+        user = call.session_user
         ids = None if user.role == "owner" else await storage.granted_projects(user.id)
-        rows = []
+        rows: list[list[str]] = []
         for record in await storage.list_projects(ids):
             p = await project_view(console.admin, record)
             rows.append(
@@ -148,12 +152,12 @@ def routes(console) -> list[Endpoint]:
         return page("Projects", body, user=user)
 
     return [
-        Endpoint("GET", "/console/static/{name}", PUBLIC, static),
-        Endpoint("GET", "/console/login", PUBLIC, login),
-        Endpoint("POST", "/console/login", PUBLIC, login_form),
-        Endpoint("GET", "/console", PAGE, home),
-        Endpoint("GET", "/console/", PAGE, home),
-        Endpoint("GET", "/console/projects", PAGE, projects),
+        route("GET", "/console/static/{name}", PUBLIC, static),
+        route("GET", "/console/login", PUBLIC, login),
+        route("POST", "/console/login", PUBLIC, login_form),
+        route("GET", "/console", PAGE, home),
+        route("GET", "/console/", PAGE, home),
+        route("GET", "/console/projects", PAGE, projects),
         *pages_project.routes(console),
         *pages_reports.routes(console),
         *pages_tools.routes(console),

@@ -3,9 +3,13 @@ static/console.js streams from the run's events while it goes on."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from starlette.responses import Response
+
 from model_gateway.gateway.agents.agent_views import agent_view, run_view
 from model_gateway.gateway.console.api_agents import visible_agent, visible_run
-from model_gateway.gateway.console.call import PAGE, Call
+from model_gateway.gateway.console.call import PAGE, Call, route
 from model_gateway.gateway.console.guard import project_of, visible_project
 from model_gateway.gateway.console.html import (
     amount_html,
@@ -21,8 +25,12 @@ from model_gateway.gateway.console.pages_tools import model_options
 from model_gateway.gateway.console.run_html import run_body
 from model_gateway.pipeline.endpoint import Endpoint
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
+    from model_gateway.storage.base import ProjectRecord, SandboxRecord
 
-def _agent_form(project, sandboxes, models: str) -> str:
+
+def _agent_form(project: ProjectRecord, sandboxes: list[SandboxRecord], models: str) -> str:
     choices = "".join(
         f'<option value="{esc(s.id)}">{esc(s.id)} ({esc(s.runtime)})</option>' for s in sandboxes
     )
@@ -43,10 +51,10 @@ def _agent_form(project, sandboxes, models: str) -> str:
     )
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage, catalog = console.storage, console.gateway.catalog
 
-    async def agents(call: Call):
+    async def agents(call: Call) -> Response:
         project = await project_of(storage, call)
         rows = [
             [
@@ -71,9 +79,9 @@ def routes(console) -> list[Endpoint]:
             )
         return project_page("Agents", project, "agents", body, user=call.user)
 
-    async def agent(call: Call):
+    async def agent(call: Call) -> Response:
         found = await visible_agent(console, call)
-        project = await visible_project(storage, call.user, found.project_id)
+        project = await visible_project(storage, call.session_user, found.project_id)
         a = agent_view(found)
         body = f'<h2>Agent {esc(a["name"])}</h2><p class="id">{esc(a["id"])}</p>' + facts(
             [
@@ -113,9 +121,9 @@ def routes(console) -> list[Endpoint]:
         )
         return project_page(f"Agent {found.name}", project, "agents", body, user=call.user)
 
-    async def run(call: Call):
+    async def run(call: Call) -> Response:
         found, record = await visible_run(console, call)
-        project = await visible_project(storage, call.user, found.project_id)
+        project = await visible_project(storage, call.session_user, found.project_id)
         view = run_view(record, await console.gateway.agents.run_steps(record.id))
         link = f'<a href="/console/agents/{esc(found.id)}">{esc(found.name)}</a>'
         back = f'<p class="crumbs">{link} /</p>'
@@ -123,7 +131,7 @@ def routes(console) -> list[Endpoint]:
         return project_page(f"Run {record.id}", project, "agents", body, user=call.user)
 
     return [
-        Endpoint("GET", "/console/projects/{project_id}/agents", PAGE, agents),
-        Endpoint("GET", "/console/agents/{agent_id}", PAGE, agent),
-        Endpoint("GET", "/console/agents/{agent_id}/runs/{run_id}", PAGE, run),
+        route("GET", "/console/projects/{project_id}/agents", PAGE, agents),
+        route("GET", "/console/agents/{agent_id}", PAGE, agent),
+        route("GET", "/console/agents/{agent_id}/runs/{run_id}", PAGE, run),
     ]

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from starlette.responses import Response
+
 from model_gateway.gateway.access.keys import SCOPES
-from model_gateway.gateway.console.api_projects import key_listing_view, project_view
-from model_gateway.gateway.console.call import PAGE, Call
+from model_gateway.gateway.console.api_projects import (
+    ConsoleProjectView,
+    key_listing_view,
+    project_view,
+)
+from model_gateway.gateway.console.call import PAGE, Call, route
 from model_gateway.gateway.console.guard import project_of
 from model_gateway.gateway.console.html import (
     amount_html,
@@ -19,10 +27,13 @@ from model_gateway.gateway.console.html import (
 from model_gateway.gateway.metering.money import format_amount, parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
+
 _P = "/console/projects/{project_id}"
 
 
-def _limits_form(api: str, p: dict, onchain: bool) -> str:
+def _limits_form(api: str, p: ConsoleProjectView, onchain: bool) -> str:
     """What only an owner changes: budget, rpm, model policy, payer addresses."""
     return "<h2>Limits and models</h2>" + api_form(
         api,
@@ -35,7 +46,7 @@ def _limits_form(api: str, p: dict, onchain: bool) -> str:
             "Requests per minute (empty: default)",
             "rpm",
             kind="number",
-            value=p["rpm"] or "",
+            value=str(p["rpm"] or ""),
             extra="min=1 data-int",
         )
         + field(
@@ -66,10 +77,10 @@ def _limits_form(api: str, p: dict, onchain: bool) -> str:
     )
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
 
-    async def overview(call: Call):
+    async def overview(call: Call) -> Response:
         project = await project_of(storage, call)
         p = await project_view(console.admin, project)
         onchain = console.config.purchases is not None
@@ -103,7 +114,8 @@ def routes(console) -> list[Endpoint]:
                     ),
                     "Check and credit",
                 )
-            if call.user.role == "owner":  # members read the limits above; owners change them
+            # Members read the limits above; owners change them.
+            if call.session_user.role == "owner":
                 body += _limits_form(api, p, onchain)
                 body += "<h2>Record a payment</h2>" + api_form(
                     api + "/payments",
@@ -121,9 +133,9 @@ def routes(console) -> list[Endpoint]:
                 )
         return project_page("Overview", project, "", body, user=call.user)
 
-    async def keys(call: Call):
+    async def keys(call: Call) -> Response:
         project = await project_of(storage, call)
-        rows = []
+        rows: list[list[str]] = []
         for listing in await storage.list_keys(project.id):
             k = await key_listing_view(console.admin, listing)
             revoke = ""
@@ -177,6 +189,6 @@ def routes(console) -> list[Endpoint]:
         return project_page("Keys", project, "keys", body, user=call.user)
 
     return [
-        Endpoint("GET", _P, PAGE, overview),
-        Endpoint("GET", _P + "/keys", PAGE, keys),
+        route("GET", _P, PAGE, overview),
+        route("GET", _P + "/keys", PAGE, keys),
     ]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from model_gateway.gateway.api import receipt_view
-from model_gateway.gateway.console.api_money import month_bounds, usage_report
-from model_gateway.gateway.console.call import PAGE, Call
+from starlette.responses import Response
+
+from model_gateway.gateway.console.api_money import UsageReport, month_bounds, usage_report
+from model_gateway.gateway.console.call import PAGE, Call, route
 from model_gateway.gateway.console.chart import cost_chart
 from model_gateway.gateway.console.guard import project_of
 from model_gateway.gateway.console.html import (
@@ -21,17 +24,25 @@ from model_gateway.gateway.console.html import (
 )
 from model_gateway.gateway.console.payload import query_cursor, query_date
 from model_gateway.gateway.console.views import ledger_view
-from model_gateway.gateway.metering.money import parse_amount
+from model_gateway.gateway.metering.money import format_amount, parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.console.mount import Console
 
 _P = "/console/projects/{project_id}"
 MAX_DAYS = 366  # the usage page's chart: a bar a day
 
 
-def routes(console) -> list[Endpoint]:
+def _issued_minute(created_at_us: int) -> str:
+    """A receipt's time to the minute, UTC, as short_time shows its view's created_at."""
+    return datetime.fromtimestamp(created_at_us / 1_000_000, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
 
-    async def usage(call: Call):
+    async def usage(call: Call) -> Response:
         project = await project_of(storage, call)
         default_first, default_last = month_bounds(datetime.now(UTC).date())
         first = query_date(call.query("from"), "from", default_first)
@@ -45,10 +56,14 @@ def routes(console) -> list[Endpoint]:
         by_day = await usage_report(storage, project.id, first, last, "day")
         by_model = await usage_report(storage, project.id, first, last, "model")
         by_key = await usage_report(storage, project.id, first, last, "key")
-        cost = {row["group"]: parse_amount(row["cost"], at_most=None) for row in by_day["data"]}
+        cost = {
+            row["group"]: parse_amount(row["cost"], at_most=None)
+            for row in by_day["data"]
+            if row["group"] is not None  # a day's group is a date: only a key's may be None
+        }
         total = by_day["total"]
 
-        def rows(report, label):
+        def rows(report: UsageReport, label: Callable[[str | None], str]) -> list[list[str]]:
             return [
                 [
                     label(r["group"]),
@@ -93,28 +108,27 @@ def routes(console) -> list[Endpoint]:
         )
         return project_page("Usage", project, "usage", body, user=call.user)
 
-    async def receipts(call: Call):
+    async def receipts(call: Call) -> Response:
         project = await project_of(storage, call)
         found = await storage.list_receipts(project.id, 51, query_cursor(call.query("cursor")))
         more = found[50][0] if len(found) > 50 else None
-        rows = []
+        rows: list[list[str]] = []
         for _, record in found[:50]:
-            r = receipt_view(record)
-            usage = r["usage"]
+            usage = record.usage
             amount = (
                 f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"
-                if r["kind"] == "inference"
+                if record.kind == "inference"
                 else f"{usage.get('duration_ms', 0)} ms"
             )
             rows.append(
                 [
-                    short_time(r["created_at"]),
-                    f'<a href="/proofs/{esc(r["id"])}"><code>{esc(r["id"])}</code></a>',
-                    f"<code>{esc(r['endpoint'])}</code>",
-                    esc(r.get("model") or r.get("runtime")),
-                    esc(r["status"]),
+                    esc(_issued_minute(record.created_at)),
+                    f'<a href="/proofs/{esc(record.id)}"><code>{esc(record.id)}</code></a>',
+                    f"<code>{esc(record.endpoint)}</code>",
+                    esc(record.model_or_runtime),
+                    esc(record.status),
                     esc(amount),
-                    amount_html(r["cost"]),
+                    amount_html(format_amount(record.cost)),
                 ]
             )
         body = (
@@ -124,15 +138,17 @@ def routes(console) -> list[Endpoint]:
                 rows,
                 empty="No receipt yet.",
             )
-            + older_link(f"/console/projects/{project.id}/receipts", more and str(more))
+            + older_link(
+                f"/console/projects/{project.id}/receipts", None if more is None else str(more)
+            )
         )
         return project_page("Receipts", project, "receipts", body, user=call.user)
 
-    async def ledger(call: Call):
+    async def ledger(call: Call) -> Response:
         project = await project_of(storage, call)
         found = await storage.list_ledger(project.id, 51, query_cursor(call.query("cursor")))
         more = str(found[50].id) if len(found) > 50 else None
-        rows = []
+        rows: list[list[str]] = []
         for entry in found[:50]:
             e = ledger_view(entry)
             sign = "&minus;" if e["kind"] == "charge" else "+"
@@ -152,7 +168,7 @@ def routes(console) -> list[Endpoint]:
         return project_page("Ledger", project, "ledger", body, user=call.user)
 
     return [
-        Endpoint("GET", _P + "/usage", PAGE, usage),
-        Endpoint("GET", _P + "/receipts", PAGE, receipts),
-        Endpoint("GET", _P + "/ledger", PAGE, ledger),
+        route("GET", _P + "/usage", PAGE, usage),
+        route("GET", _P + "/receipts", PAGE, receipts),
+        route("GET", _P + "/ledger", PAGE, ledger),
     ]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from model_gateway.gateway.console.call import PAGE, Call
+from typing import TYPE_CHECKING
+
+from starlette.responses import Response
+
+from model_gateway.gateway.console.call import PAGE, Call, route
 from model_gateway.gateway.console.guard import project_of
 from model_gateway.gateway.console.html import (
     api_form,
@@ -13,10 +17,15 @@ from model_gateway.gateway.console.html import (
 )
 from model_gateway.pipeline.endpoint import Endpoint
 
+if TYPE_CHECKING:
+    from model_gateway.gateway.catalog import ConfigCatalog
+    from model_gateway.gateway.console.mount import Console
+    from model_gateway.storage.base import ProjectRecord
+
 _P = "/console/projects/{project_id}"
 
 
-def model_options(catalog, project) -> str:
+def model_options(catalog: ConfigCatalog, project: ProjectRecord) -> str:
     """The models the project may use, as <option>s; unavailable ones shown disabled."""
     return "".join(
         f'<option value="{esc(mid)}">{esc(mid)}</option>'
@@ -26,10 +35,10 @@ def model_options(catalog, project) -> str:
     )
 
 
-def routes(console) -> list[Endpoint]:
+def routes(console: Console) -> list[Endpoint]:
     storage, catalog = console.storage, console.gateway.catalog
 
-    async def sandboxes(call: Call):
+    async def sandboxes(call: Call) -> Response:
         project = await project_of(storage, call)
         rows = [
             [
@@ -60,7 +69,7 @@ def routes(console) -> list[Endpoint]:
             )
         return project_page("Sandboxes", project, "sandboxes", body, user=call.user)
 
-    async def playground(call: Call):
+    async def playground(call: Call) -> Response:
         project = await project_of(storage, call)
         options = model_options(catalog, project)
         if project.state != "active":
@@ -83,6 +92,6 @@ def routes(console) -> list[Endpoint]:
         return project_page("Playground", project, "playground", body, user=call.user)
 
     return [
-        Endpoint("GET", _P + "/sandboxes", PAGE, sandboxes),
-        Endpoint("GET", _P + "/playground", PAGE, playground),
+        route("GET", _P + "/sandboxes", PAGE, sandboxes),
+        route("GET", _P + "/playground", PAGE, playground),
     ]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Literal, overload
 
 from model_gateway.gateway.access import keys
 from model_gateway.gateway.metering.money import parse_amount
 from model_gateway.pipeline.errors import InvalidRequest
 from model_gateway.storage.base import now_s
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.inference.json_types import JSONObject
 
 _MISSING = object()
 _MAX_INT = 2**63 - 1  # storage's integers
@@ -17,23 +21,32 @@ _MAX_INT = 2**63 - 1  # storage's integers
 class Fields:
     """The fields of one JSON object, checked one at a time; `unknown()` refuses the rest."""
 
-    def __init__(self, body: dict) -> None:
+    def __init__(self, body: JSONObject) -> None:
         self.body = body
         self.read: set[str] = set()
 
     def has(self, name: str) -> bool:
         return name in self.body
 
-    def _get(self, name: str, required: bool):
+    def _get(self, name: str, required: bool) -> object:
+        """The field's value, or _MISSING (400 if required)."""
         self.read.add(name)
         value = self.body.get(name, _MISSING)
         if value is _MISSING and required:
             raise InvalidRequest(f"The field '{name}' is required.", param=name)
         return value
 
+    @overload
+    def string(
+        self, name: str, *, required: Literal[True], max_length: int = 200, strip: bool = True
+    ) -> str: ...
+    @overload
     def string(
         self, name: str, *, required: bool = False, max_length: int = 200, strip: bool = True
-    ):
+    ) -> str | None: ...
+    def string(
+        self, name: str, *, required: bool = False, max_length: int = 200, strip: bool = True
+    ) -> str | None:
         value = self._get(name, required)
         if value is _MISSING or (value is None and not required):
             return None
@@ -44,19 +57,28 @@ class Fields:
             )
         return value.strip() if strip else value
 
-    def amount(self, name: str, *, required: bool = False, positive: bool = False):
+    @overload
+    def amount(self, name: str, *, required: Literal[True], positive: bool = False) -> int: ...
+    @overload
+    def amount(
+        self, name: str, *, required: bool = False, positive: bool = False
+    ) -> int | None: ...
+    def amount(self, name: str, *, required: bool = False, positive: bool = False) -> int | None:
         value = self._get(name, required)
         if value is _MISSING or (value is None and not required):
             return None
+        message = f"'{name}' must be a decimal amount."
+        if not isinstance(value, str | int | float):  # null, a list, an object: none parses
+            raise InvalidRequest(message, param=name)
         try:
             micros = parse_amount(value)
         except (ValueError, TypeError):
-            raise InvalidRequest(f"'{name}' must be a decimal amount.", param=name) from None
+            raise InvalidRequest(message, param=name) from None
         if positive and micros <= 0:
             raise InvalidRequest(f"'{name}' must be more than zero.", param=name)
         return micros
 
-    def positive_int(self, name: str):
+    def positive_int(self, name: str) -> int | None:
         value = self._get(name, False)
         if value is _MISSING or value is None:
             return None
@@ -64,7 +86,7 @@ class Fields:
             raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
         return value
 
-    def string_list(self, name: str):
+    def string_list(self, name: str) -> list[str] | None:
         value = self._get(name, False)
         if value is _MISSING or value is None:
             return None
@@ -85,7 +107,7 @@ class Fields:
         except ValueError as exc:
             raise InvalidRequest(str(exc), param=name) from None
 
-    def time(self, name: str, *, future: bool = False):
+    def time(self, name: str, *, future: bool = False) -> int | None:
         value = self._get(name, False)
         if value is _MISSING or value is None:
             return None

@@ -7,6 +7,8 @@ events (`data-events`) and redraws the same elements by their ids.
 
 from __future__ import annotations
 
+from typing import Any
+
 from model_gateway.gateway.console.html import esc
 from model_gateway.gateway.metering.money import parse_amount
 
@@ -32,7 +34,7 @@ def spent_width(spent: str, budget: str) -> int:
     return min(BAR_WIDTH, parse_amount(spent, at_most=None) * BAR_WIDTH // total)
 
 
-def _step_row(position: int, step: dict) -> str:
+def _step_row(position: int, step: dict[str, Any]) -> str:
     receipt = step["receipt_id"]
     link = f'<a href="/proofs/{esc(receipt)}">{esc(receipt)}</a>' if receipt else "none"
     error = step["error"] or {}
@@ -68,7 +70,7 @@ def budget_bar(spent: str, budget: str) -> str:
     )
 
 
-def run_body(agent_id: str, run: dict) -> str:
+def run_body(agent_id: str, run: dict[str, Any]) -> str:
     base = f"/console/api/agents/{esc(agent_id)}/runs/{esc(run['id'])}"
     running = run["status"] == "running"
     cancel = (

@@ -3,12 +3,33 @@ decimal strings, times RFC 3339 UTC; the views the CLI shares are gateway/admin/
 
 from __future__ import annotations
 
+from typing import Generic, TypedDict, TypeVar
+
 from model_gateway.gateway.admin.admin_views import iso
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.storage.base import LedgerEntry
 
+T = TypeVar("T")
 
-def ledger_view(entry: LedgerEntry) -> dict:
+
+class LedgerView(TypedDict):
+    id: int
+    object: str
+    kind: str
+    amount: str
+    receipt_id: str | None
+    key_id: str | None
+    reference: str | None
+    created_at: str | None
+
+
+class ListPage(TypedDict, Generic[T]):
+    object: str
+    data: list[T]
+    next_cursor: str | None
+
+
+def ledger_view(entry: LedgerEntry) -> LedgerView:
     return {
         "id": entry.id,
         "object": "ledger_entry",
@@ -21,7 +42,7 @@ def ledger_view(entry: LedgerEntry) -> dict:
     }
 
 
-def page(data: list, next_cursor: int | None = None) -> dict:
+def page(data: list[T], next_cursor: int | None = None) -> ListPage[T]:
     return {
         "object": "list",
         "data": data,
