@@ -539,7 +539,7 @@ class ClusterPort(Protocol):
 
 class RateLimitPort(Protocol):
     """Requests per minute shared by every instance (PostgreSQL only, migration 0008; not
-    part of `Storage`: gateway/limiter.py asks for it by name)."""
+    part of `Storage`: gateway/ratelimit/limiters.py asks for it by name (_shares_rate_limits))."""
 
     @abc.abstractmethod
     async def take_rate_limits(
