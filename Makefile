@@ -35,7 +35,7 @@ $(PKG_PATH)/model_gateway: $(STAMP)
 
 lint: $(STAMP) $(PKG_PATH)/model_gateway
 	$(BIN)/ruff check .
-	$(BIN)/mypy  # strict on pipeline/ and storage/ (pyproject.toml)
+	$(BIN)/mypy  # strict on the whole package: gateway/, pipeline/, storage/ (pyproject.toml)
 
 # One executable holding the server, the CLI and the sandbox node (`make dist DIST=folder`).
 # --collect-data takes every file of a package that is not Python (the console's static
