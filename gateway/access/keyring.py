@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from model_gateway.gateway.access import keys
 from model_gateway.gateway.cluster.instance import Instance
 from model_gateway.pipeline.errors import Forbidden, InvalidApiKey
-from model_gateway.storage.base import KeyRecord, ProjectRecord, Storage
+from model_gateway.storage import AccountsPort, ClusterPort
+from model_gateway.storage.base import KeyRecord, ProjectRecord
 
 _CACHE_LIMIT = 10_000
+
+
+class KeyStore(AccountsPort, ClusterPort, Protocol):
+    """What the key ring reads: keys and projects, and the admin epoch that says when its
+    cache is stale."""
 
 
 class KeyRing:
@@ -21,7 +28,7 @@ class KeyRing:
     current: it answers 503 instead, before looking at the key.
     """
 
-    def __init__(self, storage: Storage, pepper: bytes, instance: Instance | None = None) -> None:
+    def __init__(self, storage: KeyStore, pepper: bytes, instance: Instance | None = None) -> None:
         self._storage = storage
         self._pepper = pepper
         self._instance = instance

@@ -26,7 +26,7 @@ import anyio
 
 from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.pipeline.errors import ServiceUnavailable
-from model_gateway.storage import Storage
+from model_gateway.storage import ClusterPort
 
 log = logging.getLogger("gateway.instance")
 
@@ -36,7 +36,7 @@ FORGET_AFTER_MS = 3_600_000
 
 
 class Instance:
-    def __init__(self, storage: Storage, instance_id: str, lease_s: float) -> None:
+    def __init__(self, storage: ClusterPort, instance_id: str, lease_s: float) -> None:
         self.storage = storage
         self.id = instance_id
         self.lease_s = lease_s

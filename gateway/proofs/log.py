@@ -37,7 +37,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -69,7 +69,7 @@ from model_gateway.gateway.proofs.tiles import (
     tile_width_at,
     tiles_needed,
 )
-from model_gateway.storage import ReceiptRecord, Storage
+from model_gateway.storage import LedgerPort, LogPort, ReceiptRecord
 from model_gateway.storage.base import LogEntry, LogTile, StateConflict, TreeHeadRecord
 
 log = logging.getLogger("gateway.proofs")
@@ -144,10 +144,15 @@ class Pending(Exception):
     """The receipt exists but is not in the log yet."""
 
 
+class LogStore(LogPort, LedgerPort, Protocol):
+    """What the log reads and writes: its leaves, tiles and sequencer, and the receipts
+    it integrates."""
+
+
 class TransparencyLog:
     def __init__(
         self,
-        storage: Storage,
+        storage: LogStore,
         key: SigningKey,
         *,
         origin: str = DEFAULT_ORIGIN,
