@@ -111,7 +111,8 @@ def routes(console: Console) -> list[Endpoint]:
     async def receipts(call: Call) -> Response:
         project = await project_of(storage, call)
         found = await storage.list_receipts(project.id, 51, query_cursor(call.query("cursor")))
-        more = found[50][0] if len(found) > 50 else None
+        # Older: those before the last one shown (as the JSON API's next_cursor).
+        more = found[49][0] if len(found) > 50 else None
         rows: list[list[str]] = []
         for _, record in found[:50]:
             usage = record.usage
@@ -147,7 +148,7 @@ def routes(console: Console) -> list[Endpoint]:
     async def ledger(call: Call) -> Response:
         project = await project_of(storage, call)
         found = await storage.list_ledger(project.id, 51, query_cursor(call.query("cursor")))
-        more = str(found[50].id) if len(found) > 50 else None
+        more = str(found[49].id) if len(found) > 50 else None  # as for receipts
         rows: list[list[str]] = []
         for entry in found[:50]:
             e = ledger_view(entry)

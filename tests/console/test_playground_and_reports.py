@@ -3,6 +3,8 @@ usage, receipts and ledger with their cursors, over real HTTP."""
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import UTC, datetime
 
 import httpx
@@ -132,3 +134,35 @@ def test_receipts_and_ledger_pages_newest_first(owner, funded):
     assert rest["data"][0]["amount"] == "5.000000" and rest["data"][0]["reference"]
     for params in ({"limit": 0}, {"limit": 1000}, {"cursor": "abc"}):
         assert owner.get(f"/console/api/projects/{pid}/receipts", params=params).status_code == 400
+
+
+def _older_link(page: str) -> str | None:
+    """The page's "Older entries" link, if it has one."""
+    found = re.search(r'<p class="more"><a href="([^"]+)">Older entries</a>', page)
+    return None if found is None else html.unescape(found[1])
+
+
+def test_older_entries_pages_miss_no_entry(owner, funded):
+    """The receipts and ledger pages show 50 entries each and link to the older ones: the
+    link starts after the last entry shown (it started after the first one not shown, the
+    51st, which no page showed)."""
+    pid = funded["id"]
+    references = [f"PAGE-{n:02d}" for n in range(30)]
+    for reference in references:
+        paid = owner.post(
+            f"/console/api/projects/{pid}/payments", {"amount": "0.01", "reference": reference}
+        )
+        assert paid.status_code == 201, paid.text
+    made = [
+        _play(owner, pid, "chat/completions", chat_body()).headers["x-receipt-id"]
+        for _ in range(51)
+    ]
+    # The ledger: 81 entries and the funding payment; the receipts: 51.
+    for tab, wanted in (("ledger", references + made), ("receipts", made)):
+        pages, link = [], f"/console/projects/{pid}/{tab}"
+        while link is not None:
+            pages.append(owner.get(link).text)
+            link = _older_link(pages[-1])
+        assert len(pages) == 2, tab
+        shown = {ref: sum(ref in page for page in pages) for ref in wanted}
+        assert {ref for ref, times in shown.items() if times != 1} == set(), tab
