@@ -13,7 +13,8 @@ from http.cookies import SimpleCookie
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
-from model_gateway.storage.base import Storage, UserRecord, now_s
+from model_gateway.storage import ConsolePort
+from model_gateway.storage.base import UserRecord, now_s
 
 COOKIE_NAME = "console_session"
 _TOUCH_EVERY_S = 60  # the idle clock moves at most once a minute: not a write per request
@@ -34,7 +35,7 @@ def presented_token(scope: Scope) -> str | None:
 
 
 class Sessions:
-    def __init__(self, storage: Storage, *, idle_s: int, secure: bool) -> None:
+    def __init__(self, storage: ConsolePort, *, idle_s: int, secure: bool) -> None:
         self.storage = storage
         self.idle_s = idle_s
         self.secure = secure

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 
 from model_gateway.gateway.config import ConsoleConfig
 from model_gateway.pipeline.errors import RateLimitExceeded
-from model_gateway.storage.base import Storage, now_s
+from model_gateway.storage import ConsolePort
+from model_gateway.storage.base import now_s
 
 
 def subjects(email: str, address: str) -> tuple[str, str]:
@@ -25,7 +26,7 @@ def subjects(email: str, address: str) -> tuple[str, str]:
 
 
 class LoginThrottle:
-    def __init__(self, storage: Storage, config: ConsoleConfig) -> None:
+    def __init__(self, storage: ConsolePort, config: ConsoleConfig) -> None:
         self.storage = storage
         self.window_s = config.login_window_s
         self.limits = (config.login_failures_per_email, config.login_failures_per_address)
