@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench soak dist system-deps clean
+.PHONY: run test test-quick lint bench soak dist system-deps clean
 
 # The sandbox node needs bubblewrap from Debian; the script is a no-op when it is there.
 system-deps:
@@ -26,6 +26,13 @@ run: $(STAMP) system-deps
 test: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q gateway pipeline storage tests
 	$(BIN)/pytest -q -n 3 --dist loadfile  # many tests wait on real processes: 3 workers on 2 cores
+
+# The inner loop: everything but the suites that build the binary, drive a browser, run
+# several instances or sandboxed programs (CI runs `make test`, all of them).
+QUICK_SKIPS := tests/operations/test_single_binary.py tests/console/test_browser.py \
+	tests/console/test_agents_browser.py tests/scaleout tests/sandbox tests/sandbox_e2e
+test-quick: $(STAMP)
+	$(BIN)/pytest -q -n 3 --dist loadfile $(addprefix --ignore=,$(QUICK_SKIPS))
 
 # mypy and PyInstaller find `model_gateway` through a link to this checkout (the editable
 # install maps the package with an import hook that neither runs).
