@@ -9,13 +9,19 @@ from model_gateway.gateway.admin.money_admin import add_credit, check_credit_per
 from model_gateway.storage.base import ProjectRecord, new_id, now_s
 
 
-class ProjectChanges(TypedDict, total=False):
-    """The fields to change; a present None clears an optional limit."""
+class ProjectLimits(TypedDict, total=False):
+    """A project's limits and model policy; a present None clears an optional limit."""
 
     monthly_budget: int | None
     rpm: int | None
     allow_models: list[str] | None
     exclude_models: list[str] | None  # None: no exclusions
+
+
+class ProjectChanges(ProjectLimits, total=False):
+    """The fields to change: the limits, and the name (which members may change too)."""
+
+    name: str
 
 
 async def create_project(

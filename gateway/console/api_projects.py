@@ -17,7 +17,7 @@ from model_gateway.gateway.admin.admin_views import (
     with_instances,
 )
 from model_gateway.gateway.admin.admin_views import project_view as admin_project_view
-from model_gateway.gateway.admin.project_admin import ProjectChanges
+from model_gateway.gateway.admin.project_admin import ProjectChanges, ProjectLimits
 from model_gateway.gateway.console.call import SESSION, Call, route
 from model_gateway.gateway.console.guard import (
     project_of,
@@ -70,9 +70,9 @@ async def key_listing_view(admin: AdminContext, listing: KeyListing) -> KeyListi
     return {**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)}
 
 
-def _project_options(fields: Fields) -> ProjectChanges:
-    """The changeable fields present in the body (None clears an optional limit)."""
-    options: ProjectChanges = {}
+def _project_options(fields: Fields, options: ProjectLimits) -> None:
+    """The limits and model policy present in the body, into `options` (None clears an
+    optional limit)."""
     if fields.has("monthly_budget"):
         options["monthly_budget"] = fields.amount("monthly_budget")
     if fields.has("rpm"):
@@ -81,7 +81,6 @@ def _project_options(fields: Fields) -> ProjectChanges:
         options["allow_models"] = fields.string_list("allow_models")
     if fields.has("exclude_models"):
         options["exclude_models"] = fields.string_list("exclude_models")
-    return options
 
 
 def routes(console: Console) -> list[Endpoint]:
@@ -97,7 +96,8 @@ def routes(console: Console) -> list[Endpoint]:
         require_owner(call.session_user)
         fields = Fields(await call.json())
         name = fields.string("name", required=True)
-        options = _project_options(fields)
+        options: ProjectLimits = {}
+        _project_options(fields, options)
         fields.unknown()
         created = await project_admin.create_project(admin, name=name, **options)
         view = await admin_project_view(admin, created)
@@ -114,7 +114,10 @@ def routes(console: Console) -> list[Endpoint]:
             # Named by what members may change, so that a field added later (tpm) is too.
             raise Forbidden("Only an owner may change a project's limits, models or payers.")
         fields = Fields(body)
-        changes = _project_options(fields)
+        changes: ProjectChanges = {}
+        _project_options(fields, changes)
+        if fields.has("name"):
+            changes["name"] = fields.string("name", required=True)
         payers = _payers(fields)
         fields.unknown()
         require_active(found)

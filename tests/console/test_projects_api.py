@@ -231,6 +231,19 @@ def test_members_cannot_patch_a_projects_money_and_limits(
     assert "Limits and models" in owner.get(f"/console/projects/{project['id']}").text
 
 
+def test_members_may_rename_a_granted_project(gateway, owner, member, member_email):
+    """`name` is the one PATCH field that is not the owner's alone (decisions.md)."""
+    project = owner.post("/console/api/projects", {"name": "before", "rpm": 10}).json()
+    gateway.cli("users", "grant", member_email, "--project", project["id"])
+    path = f"/console/api/projects/{project['id']}"
+    renamed = member.patch(path, {"name": "after"})
+    assert renamed.status_code == 200, renamed.text
+    assert owner.get(path).json()["name"] == "after"
+    assert owner.get(path).json()["rpm"] == 10
+    blank = member.patch(path, {"name": "  "})
+    assert blank.status_code == 400 and blank.json()["error"]["param"] == "name"
+
+
 def test_payments_credit_once_per_reference(gateway, owner, project):
     path = f"/console/api/projects/{project['id']}/payments"
     paid = owner.post(path, {"amount": "20.25", "reference": "INV-2026-001"})
