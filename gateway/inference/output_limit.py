@@ -94,7 +94,8 @@ def prefix_within(text: str, room: int) -> tuple[str, int]:
 
 def cut_message(message: JSONObject, room: int, *, reasoning: bool = True) -> JSONObject:
     """`message` (a delta) with only the first `room` bytes of its output, in the order
-    `tokens.message_output` counts it: content, refusal, reasoning, tool calls."""
+    `tokens.message_output` counts it: content, refusal, audio, reasoning, tool calls, the
+    legacy function call."""
     cut = dict(message)
     content = message.get("content")
     if isinstance(content, str):
@@ -111,15 +112,22 @@ def cut_message(message: JSONObject, room: int, *, reasoning: bool = True) -> JS
         cut["content"] = parts
     if text_of(message.get("refusal")):
         cut["refusal"], room = prefix_within(message["refusal"], room)
+    audio = message.get("audio")
+    if isinstance(audio, dict):
+        cut_audio = dict(audio)
+        for field in ("data", "transcript"):
+            if text_of(audio.get(field)):
+                cut_audio[field], room = prefix_within(audio[field], room)
+        cut["audio"] = cut_audio
     if reasoning:
-        # Counted once, as message_output does, though recent vLLM fills both alike.
-        counted = "reasoning_content" if text_of(message.get("reasoning_content")) else "reasoning"
-        left = room
-        for field in ("reasoning_content", "reasoning"):
-            if text_of(message.get(field)):
-                cut[field], after = prefix_within(message[field], room)
-                left = after if field == counted else left
-        room = left
+        first, second = message.get("reasoning_content"), message.get("reasoning")
+        if text_of(first) and text_of(first) == text_of(second):  # counted once: cut alike
+            cut["reasoning_content"], room = prefix_within(text_of(first), room)
+            cut["reasoning"] = cut["reasoning_content"]
+        else:
+            for field in ("reasoning_content", "reasoning"):
+                if text_of(message.get(field)):
+                    cut[field], room = prefix_within(message[field], room)
     calls = []
     for call in message.get("tool_calls") or ():
         function = dict(call.get("function") or {})
@@ -129,4 +137,11 @@ def cut_message(message: JSONObject, room: int, *, reasoning: bool = True) -> JS
         calls.append({**call, "function": function})
     if calls:
         cut["tool_calls"] = calls
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        function = dict(legacy)
+        for field in ("name", "arguments"):
+            if text_of(function.get(field)):
+                function[field], room = prefix_within(function[field], room)
+        cut["function_call"] = function
     return cut

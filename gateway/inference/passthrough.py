@@ -25,7 +25,7 @@ import orjson
 from model_gateway.gateway.inference.output_limit import Delivered, utf8_size
 from model_gateway.gateway.inference.renderers import ChatStream, chat_tokens
 from model_gateway.gateway.inference.sse import BLANK_LINE
-from model_gateway.gateway.inference.tokens import text_of
+from model_gateway.gateway.inference.tokens import reasoning_texts, text_of
 from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
 from model_gateway.gateway.providers.chat_events import ChatEvent
 from model_gateway.gateway.providers.shapes import ChatChunk
@@ -36,7 +36,8 @@ _NULL_USAGE = b',"usage":null'
 
 def _size(chunk: ChatChunk) -> int:
     """The UTF-8 size of the output a decoded chunk carries: what `tokens.message_output`
-    counts of a decoded one (text, refusal, reasoning, tool calls' names and arguments)."""
+    counts of a decoded one (text, refusal, audio, reasoning, tool calls' and the legacy
+    function call's names and arguments)."""
     size = 0
     for choice in chunk.choices or ():
         delta = choice.delta
@@ -49,11 +50,18 @@ def _size(chunk: ChatChunk) -> int:
             for part in content or ():
                 size += utf8_size(part.text or "") + utf8_size(text_of(part.refusal))
         size += utf8_size(text_of(delta.refusal))
-        size += utf8_size(text_of(delta.reasoning_content or delta.reasoning))
+        for thought in reasoning_texts(delta.reasoning_content, delta.reasoning):
+            size += utf8_size(thought)
         for call in delta.tool_calls or ():
             function = call.function
             if function is not None:
                 size += utf8_size(function.name or "") + utf8_size(function.arguments or "")
+        for extra, fields in (
+            (delta.function_call, ("name", "arguments")),
+            (delta.audio, ("data", "transcript")),
+        ):
+            if isinstance(extra, dict):
+                size += sum(utf8_size(text_of(extra.get(field))) for field in fields)
     return size
 
 

@@ -35,23 +35,38 @@ def content_text(content: Any) -> str:
     return ""
 
 
+def reasoning_texts(reasoning_content: object, reasoning: object) -> tuple[str, ...]:
+    """The reasoning a message carries, each field only when it is text: counted once when
+    both say the same (recent vLLM fills `reasoning_content` and `reasoning` alike), both
+    when they differ (an upstream may not hide one behind the other)."""
+    first, second = text_of(reasoning_content), text_of(reasoning)
+    return (first,) if first == second else (first, second)
+
+
 def message_output(message: JSONObject, *, reasoning: bool = True) -> str:
-    """The output a chat message (or a stream's delta) carries: its text, refusal and
-    reasoning, and its tool calls' names and arguments. Reasoning is what OpenAI-compatible
-    servers send beside the content (vLLM, llama.cpp, DeepSeek, Ollama): output the client
-    receives; `reasoning_content` else `reasoning`, which recent vLLM fills alike."""
+    """The output a chat message (or a stream's delta) carries: its text, refusal, audio
+    and reasoning, and its tool calls' (or legacy function call's) names and arguments.
+    Reasoning is what OpenAI-compatible servers send beside the content (vLLM, llama.cpp,
+    DeepSeek, Ollama): output the client receives."""
     text = content_text(message.get("content"))
-    extra = (
+    refusal, calls, legacy, audio = (
         message.get("refusal"),
-        reasoning and (message.get("reasoning_content") or message.get("reasoning")),
         message.get("tool_calls"),
+        message.get("function_call"),
+        message.get("audio"),
     )
-    if not any(extra):
+    thought = reasoning and (message.get("reasoning_content") or message.get("reasoning"))
+    if not (refusal or calls or legacy or thought or audio):
         return text  # the common delta: text alone
-    refusal, thought, calls = extra
-    parts = [text, text_of(refusal), text_of(thought)]
-    for call in calls or ():
-        function = call.get("function") or {}
+    parts = [text, text_of(refusal)]
+    if isinstance(audio, dict):  # audio output: its data (base64) and transcript
+        parts += (text_of(audio.get("data")), text_of(audio.get("transcript")))
+    if reasoning:
+        parts += reasoning_texts(message.get("reasoning_content"), message.get("reasoning"))
+    functions = [call.get("function") or {} for call in calls or ()]
+    if isinstance(legacy, dict):
+        functions.append(legacy)
+    for function in functions:
         parts += (text_of(function.get("name")), text_of(function.get("arguments")))
     return "".join(parts)
 

@@ -55,6 +55,8 @@ class _Message(_Shape):
     # read, not checked, to count it (tokens.message_output).
     reasoning_content: Any = None
     reasoning: Any = None
+    function_call: Any = None  # the legacy form of a tool call: counted too
+    audio: Any = None  # audio output (data, transcript): counted too
 
 
 class _Choice(_Shape):

@@ -21,7 +21,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+from model_gateway.gateway.inference.output_limit import Delivered, delivered_chunk
+from model_gateway.gateway.inference.passthrough import ChatPassThrough
+from model_gateway.gateway.inference.tokens import message_output
 from model_gateway.gateway.metering.money import cost_of_tokens
+from model_gateway.gateway.providers.chat_events import ChatEvents
 from tests.metering.billing import books, micros
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_process import GatewayProcess
@@ -401,3 +405,42 @@ def test_an_endless_stream_keeps_the_gateways_memory_flat(gw, http):
     assert start_rss is not None
     growth_kib = _rss_kib(gw.process.pid) - start_rss
     assert growth_kib < 8 << 10, f"the gateway grew by {growth_kib} KiB"
+
+
+# The count where the pass-through reads it (the decoded struct) and where a rendered chunk
+# is cut (the dict) must agree for every form of output an upstream may send: a form one
+# of them did not count was relayed past the hold for free (a review found five).
+OUTPUT_FORMS = {
+    "content": {"content": "x" * 100},
+    "reasoning fields that differ": {"reasoning_content": "a", "reasoning": "R" * 1000},
+    "reasoning_content not text": {"reasoning_content": 1, "reasoning": "R" * 1000},
+    "legacy function call": {"content": "", "function_call": {"name": "f", "arguments": "A" * 999}},
+    "audio": {"content": "", "audio": {"transcript": "T" * 1000, "data": "QUFB" * 250}},
+}
+
+
+@pytest.mark.parametrize("form", OUTPUT_FORMS)
+def test_every_form_of_output_counts_against_the_hold_in_a_pass_through(form):
+    delivered = Delivered(20)  # 80 bytes
+    relay = ChatPassThrough("m", False, "hi", delivered)
+    events = ChatEvents("runaway")
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "up"}
+    chunk["choices"] = [{"index": 0, "delta": OUTPUT_FORMS[form], "finish_reason": None}]
+    for _ in range(50):
+        batch, failure = events.feed(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        assert failure is None
+        relay.feed(batch)
+        if delivered.cut:
+            break
+    assert delivered.cut and delivered.size <= 80
+
+
+def test_a_delta_cut_short_never_counts_past_the_room():
+    delta = {"reasoning_content": "é", "reasoning": "r", "tool_calls": [
+        {"index": 0, "function": {"name": "n", "arguments": "a"}}
+    ]}  # fmt: skip
+    delivered = Delivered(1)
+    delivered.take(3)  # one byte of room left: less than "é"
+    cut = delivered_chunk(delivered, {"choices": [{"index": 0, "delta": delta}]})
+    assert delivered.cut and delivered.size <= 4
+    assert len(message_output(cut["choices"][0]["delta"]).encode()) <= 1
