@@ -78,15 +78,18 @@ class RequestContext:
 
 
 def request_context(scope: Scope) -> RequestContext | None:
-    """The context of one of the chain's requests; None for any other scope (a websocket, a
-    lifespan, a host's own request that did not come through the request id stage), which
-    a stage passes to its inner app untouched, as Starlette's middleware do."""
+    """The context of one of the chain's requests; None for a scope that is not a request
+    (a websocket, a lifespan), which a stage passes to its inner app untouched, as
+    Starlette's middleware do. An HTTP request without the context (a host that left out
+    the request id stage) fails closed: a stage that authenticates never lets it pass."""
     if scope["type"] != "http":
         return None
-    state = scope.get("state")
-    return None if state is None else state.get(STATE_KEY)
+    return context_of(scope)
 
 
 def context_of(scope: Scope) -> RequestContext:
-    ctx: RequestContext = scope["state"][STATE_KEY]
+    try:
+        ctx: RequestContext = scope["state"][STATE_KEY]
+    except KeyError:
+        raise RuntimeError("a request reached a stage without the request id stage") from None
     return ctx

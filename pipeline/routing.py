@@ -24,18 +24,15 @@ def route_path(scope: Scope) -> str:
 
 
 async def answer_foreign_scope(scope: Scope, receive: Receive, send: Send) -> None:
-    """What a terminal stage does with a scope that is not one of the chain's requests, as
-    Starlette's router does with what it does not route: a websocket is closed, a lifespan
-    completes (the pipeline itself has nothing to start), an HTTP request that did not
-    come through the request id stage is 404."""
+    """What a terminal stage does with a scope that is not a request, as Starlette's router
+    does with what it does not route: a websocket is closed, a lifespan completes (the
+    pipeline itself has nothing to start)."""
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1000})
     elif scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
-    elif scope["type"] == "http":
-        await send_error(send, NotFound("No endpoint exists at this path."), None)
 
 
 class Routing:

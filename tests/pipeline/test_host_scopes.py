@@ -1,8 +1,9 @@
 """A host that wraps its own app in the chain's stages, or mounts the whole pipeline, keeps
-its websockets and its lifespan: every stage passes a scope that is not one of the
-chain's requests (websocket, lifespan, or a request that never went through the request
-id stage) to its inner app untouched, as Starlette's middleware do; the terminal stages
-answer such a scope as Starlette's router does (a websocket closed, a lifespan run)."""
+its websockets and its lifespan: every stage passes a scope that is not a request
+(websocket, lifespan) to its inner app untouched, as Starlette's middleware do; the
+terminal stages answer such a scope as Starlette's router does (a websocket closed, a
+lifespan run). An HTTP request is never let past key auth unauthenticated: one that did
+not come through the request id stage fails closed."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from model_gateway.pipeline.endpoint import RouteTable
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.pipeline.key_auth import KeyAuth
 from model_gateway.pipeline.memory import MemoryKeys, MemoryMeter, StaticCatalog
+from model_gateway.pipeline.request_id import RequestId
 from tests.support.errors import assert_error
 
 PORTS = {"catalog": StaticCatalog({}), "limiter": Gcra(), "meter": MemoryMeter({}, {})}
 
 
-def host_app(events: list[str]):
+def host_app(events: list[str], *, request_ids: bool = True, wrapped: bool = True):
     async def echo(websocket) -> None:
         await websocket.accept()
         await websocket.send_text(await websocket.receive_text())
@@ -53,29 +55,38 @@ def host_app(events: list[str]):
         routes=[WebSocketRoute("/ws", echo), Route("/plain", plain), Mount("/api", app=mounted)],
         lifespan=lifespan,
     )
-    # The host's whole app inside the keyed stages: nothing of the host's is a chain request.
+    if not wrapped:
+        return inner
+    # The host's whole app behind the keyed stages: its requests need a key, its websockets
+    # and lifespan pass.
     stages = keyed_stages(
         authenticate=Middleware(KeyAuth, keys=MemoryKeys({}, {})),
         default_key_rpm=1,
         default_project_rpm=1,
         **PORTS,
     )
-    return chain(stages, inner)
+    return chain([Middleware(RequestId)] * request_ids + stages, inner)
 
 
-def test_the_hosts_lifespan_websocket_and_own_requests_pass_every_stage_untouched():
+def test_the_hosts_lifespan_and_websocket_pass_every_stage_untouched():
     events: list[str] = []
     with TestClient(host_app(events)) as client:
         assert events == ["started"]
         with client.websocket_connect("/ws") as websocket:
             websocket.send_text("ping")
             assert websocket.receive_text() == "ping"
-        assert client.get("/plain").text == "the host's own page"
+        assert_error(client.get("/plain"), 401, "invalid_api_key")  # a request: key auth
     assert events == ["started", "stopped"]
 
 
+def test_a_request_without_the_request_id_stage_fails_closed():
+    """Without its context key auth cannot record who asked: never let it through."""
+    with TestClient(host_app([], request_ids=False), raise_server_exceptions=False) as client:
+        assert client.get("/plain").status_code == 500
+
+
 def test_the_mounted_pipeline_closes_a_websocket_and_still_answers_its_requests():
-    with TestClient(host_app([])) as client:
+    with TestClient(host_app([], wrapped=False)) as client:
         with pytest.raises(WebSocketDisconnect) as closed:
             with client.websocket_connect("/api/v1/anything") as websocket:
                 websocket.receive_text()
