@@ -129,6 +129,8 @@ async def open_gateway(
     says so (gateway/proofs/log_process.py). `nodes`: the sandbox nodes, when made before
     (a spawned node's port is bound then: taken, `gateway serve` stops before serving)."""
     async with contextlib.AsyncExitStack() as stack:
+        nodes = nodes or NodePool(config)
+        stack.push_async_callback(nodes.close)  # its node's port, bound: freed on any failure
         metrics = Metrics()
         access_log = AccessLog(config.server.log_format) if config.server.access_log else None
         if access_log is not None:
@@ -152,8 +154,9 @@ async def open_gateway(
                 config.server.log_format,
             )
             await child.start()  # first: it takes the sequencer lock
+            stack.push_async_callback(child.stop)  # after the last settlement: logs them all
         await transparency_log.start()  # integrates, or follows the log process
-        stack.push_async_callback(_stop_logs, transparency_log, child)
+        stack.push_async_callback(transparency_log.stop)
         log_status = _LogStatus(transparency_log, child)
         limiter = await open_limiter(config, storage)
         stack.push_async_callback(limiter.close)
@@ -178,7 +181,7 @@ async def open_gateway(
         providers = Providers(config)
         await providers.start()
         stack.push_async_callback(providers.close)
-        sandboxes = SandboxExecutions(config, storage, nodes or NodePool(config))
+        sandboxes = SandboxExecutions(config, storage, nodes)
         await sandboxes.start()  # node sessions, health checks; spawn = true: the node
         stack.push_async_callback(sandboxes.close)
         core = CoreHandlers(
@@ -228,12 +231,6 @@ async def open_gateway(
     return gateway
 
 
-async def _stop_logs(transparency_log: TransparencyLog, child: LogProcess | None) -> None:
-    if child is not None:
-        await child.stop()  # after the last settlement: it logs them all
-    await transparency_log.stop()
-
-
 class _LogStatus:
     """The log as this process sees it: its own, or its child's when a child integrates."""
 
@@ -272,17 +269,25 @@ class GatewayApp:
         self.on_started = on_started  # called once started, before the first request
         self.gateway: Gateway | None = None  # once started
         self._pipeline: ASGIApp | None = None
+        self._stopped = False  # a gateway stopped stays stopped: its parts are closed
         self._start_lock = asyncio.Lock()
 
     async def _ensure_started(self) -> ASGIApp:
         async with self._start_lock:
+            if self._stopped:
+                raise RuntimeError("the gateway has stopped")
             if self._pipeline is None:
-                gateway = await open_gateway(self.config, self.log_process, self.nodes)
+                try:
+                    gateway = await open_gateway(self.config, self.log_process, self.nodes)
+                except BaseException:
+                    self._stopped = True  # what started is closed, the node pool too
+                    raise
                 self.gateway = gateway
                 self._pipeline = mount_console(gateway, gateway.pipeline())
             return self._pipeline
 
     async def _stop(self) -> None:
+        self._stopped = True
         if self.gateway is not None:
             gateway, self.gateway, self._pipeline = self.gateway, None, None
             await gateway.close()
