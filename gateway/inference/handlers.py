@@ -45,6 +45,7 @@ from model_gateway.gateway.inference.tokens import (
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
+    Prompt,
     Text,
     billed_usage,
     cancelled,
@@ -111,7 +112,7 @@ def upstream_responses(
 
 
 def _show_billed(
-    answer: JSONObject, keys: tuple[str, str], prompt: str, output: Text
+    answer: JSONObject, keys: tuple[str, str], prompt: Prompt, output: Text
 ) -> dict[str, Any]:
     """The counts of the answer's usage as the upstream reported them (`keys` name them);
     the answer is left showing the counts that are billed."""
@@ -139,7 +140,7 @@ def _delivered(ctx: RequestContext) -> Delivered:
 
 
 def _respond(
-    ctx: RequestContext, payload: JSONObject, counts: dict[str, Any], prompt: str, output: Text
+    ctx: RequestContext, payload: JSONObject, counts: dict[str, Any], prompt: Prompt, output: Text
 ) -> Response:
     """A whole answer, billed by the reported `counts` as `usage.billing` checks them;
     one past the held output is the upstream's failure, billed its input only."""
@@ -186,7 +187,7 @@ class InferenceHandlers:
         provider: Provider,
         call: Awaitable[JSONObject],
         acceptance: Acceptance,
-        prompt: str,
+        prompt: Prompt,
     ) -> JSONObject:
         """Await one whole upstream answer within the gateway timeout."""
         started = time.perf_counter()
@@ -230,7 +231,7 @@ class InferenceHandlers:
         model_id, model = _served(ctx)
         stream = payload.stream
         body = upstream_chat(request, model, model_id, stream=stream, upstream=upstream_model)
-        prompt = chat_prompt_text(body)
+        prompt = Prompt(chat_prompt_text(body), len(ctx.body))
         acceptance = Acceptance()
         if stream:
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
@@ -254,7 +255,7 @@ class InferenceHandlers:
     async def responses(self, ctx: RequestContext) -> Response:
         payload: ResponsesRequest = ctx.payload
         request: JSONObject = msgspec.to_builtins(payload)
-        prompt = responses_prompt_text(request)
+        prompt = Prompt(responses_prompt_text(request), len(ctx.body))
 
         async def serve(provider: Provider, upstream: str) -> Response:
             return await self._responses(ctx, provider, upstream, request, prompt)
@@ -267,7 +268,7 @@ class InferenceHandlers:
         provider: Provider,
         upstream: str,
         request: JSONObject,
-        prompt: str,
+        prompt: Prompt,
     ) -> Response:
         if provider.native_responses is not False:
             try:
@@ -290,7 +291,7 @@ class InferenceHandlers:
         provider: Provider,
         upstream_model: str,
         request: JSONObject,
-        prompt: str,
+        prompt: Prompt,
     ) -> Response:
         payload: ResponsesRequest = ctx.payload
         model_id, model = _served(ctx)
@@ -314,7 +315,7 @@ class InferenceHandlers:
         provider: Provider,
         upstream_model: str,
         request: JSONObject,
-        prompt: str,
+        prompt: Prompt,
     ) -> Response:
         payload: ResponsesRequest = ctx.payload
         model_id, model = _served(ctx)

@@ -26,7 +26,7 @@ from model_gateway.gateway.inference.output_limit import Delivered, utf8_size
 from model_gateway.gateway.inference.renderers import ChatStream, chat_tokens
 from model_gateway.gateway.inference.sse import BLANK_LINE
 from model_gateway.gateway.inference.tokens import reasoning_texts, text_of
-from model_gateway.gateway.inference.usage import CHAT_KEYS, shown_usage
+from model_gateway.gateway.inference.usage import CHAT_KEYS, Prompt, shown_usage
 from model_gateway.gateway.providers.chat_events import ChatEvent
 from model_gateway.gateway.providers.shapes import ChatChunk
 from model_gateway.gateway.providers.sse_blocks import parse_checked
@@ -67,7 +67,7 @@ def _size(chunk: ChatChunk) -> int:
 
 class ChatPassThrough(ChatStream):
     def __init__(
-        self, model_id: str, include_usage: bool, prompt: str, delivered: Delivered
+        self, model_id: str, include_usage: bool, prompt: Prompt, delivered: Delivered
     ) -> None:
         super().__init__(model_id, include_usage, prompt, delivered)
         self._ours = b'"model":' + orjson.dumps(model_id)

@@ -25,6 +25,7 @@ from model_gateway.gateway.inference.tokens import text_of
 from model_gateway.gateway.inference.usage import (
     CHAT_KEYS,
     RESPONSES_KEYS,
+    Prompt,
     reported,
     shown_usage,
 )
@@ -63,7 +64,7 @@ class ChatStream:
     """What every client-facing chat stream shares: `data:` events, then `data: [DONE]`."""
 
     def __init__(
-        self, model_id: str, include_usage: bool, prompt: str, delivered: Delivered
+        self, model_id: str, include_usage: bool, prompt: Prompt, delivered: Delivered
     ) -> None:
         self.model_id = model_id
         self.include_usage = include_usage
@@ -112,7 +113,7 @@ class ChatRenderer(ChatStream):
 class TranslatedResponsesRenderer:
     """Chat chunks translated into Responses events."""
 
-    def __init__(self, request: JSONObject, prompt: str, delivered: Delivered) -> None:
+    def __init__(self, request: JSONObject, prompt: Prompt, delivered: Delivered) -> None:
         self.events = ResponsesEvents(request)
         self.prompt = prompt
         self.delivered = delivered
@@ -158,7 +159,7 @@ _DELTAS = {  # every delta of output the client is sent
 class NativeResponsesRenderer:
     """A native Responses stream passed through, with the gateway's model id."""
 
-    def __init__(self, model_id: str, prompt: str, delivered: Delivered) -> None:
+    def __init__(self, model_id: str, prompt: Prompt, delivered: Delivered) -> None:
         self.model_id = model_id
         self.prompt = prompt
         self.delivered = delivered

@@ -36,7 +36,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
-from model_gateway.gateway.inference.usage import billing, cancelled
+from model_gateway.gateway.inference.usage import Prompt, billing, cancelled
 from model_gateway.gateway.inference.wait_bound import WaitBound
 from model_gateway.gateway.providers.upstream import Acceptance
 from model_gateway.pipeline.context import Outcome
@@ -171,7 +171,7 @@ class EventStreamResponse(StreamingResponse):
 
 
 async def open_stream(
-    ctx: RequestContext, upstream: Upstream[E], renderer: Renderer[E], prompt: str
+    ctx: RequestContext, upstream: Upstream[E], renderer: Renderer[E], prompt: Prompt
 ) -> EventStreamResponse:
     """Wait for the first upstream event (errors raise as JSON), then stream the rest."""
     try:
@@ -190,7 +190,7 @@ async def open_stream(
 
 
 async def _body(
-    ctx: RequestContext, first: E, upstream: Upstream[E], renderer: Renderer[E], prompt: str
+    ctx: RequestContext, first: E, upstream: Upstream[E], renderer: Renderer[E], prompt: Prompt
 ) -> AsyncGenerator[bytes]:
     digest = hashlib.sha256()
     # Until the stream completes or fails, leaving this generator means the client left
@@ -235,7 +235,7 @@ async def _body(
 def _meter(
     ctx: RequestContext,
     renderer: Renderer[E],
-    prompt: str,
+    prompt: Prompt,
     digest: HASH,
     outcome: Outcome,
 ) -> None:

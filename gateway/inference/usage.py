@@ -11,7 +11,7 @@ for output), and the billing says so: `Billing.usage_source` "gateway" (else "pr
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
 from model_gateway.pipeline.context import Billing, Outcome, UsageSource
@@ -36,6 +36,15 @@ def _estimate(text: Text) -> int:
     return estimate_tokens(text if isinstance(text, str) else text())
 
 
+class Prompt(NamedTuple):
+    """What a request asks the model to read: its text (the gateway's own count reads it)
+    and the most input tokens it can be billed: its body's bytes, as the hold prices it
+    (no tokenizer makes more tokens than bytes), so a larger count is no count."""
+
+    text: str
+    max_tokens: int
+
+
 def token_count(value: Any) -> int | None:
     """`value` if it is a plausible token count, else None (true is no count, though an int)."""
     if type(value) is int and 0 <= value <= MAX_TOKENS:
@@ -51,13 +60,15 @@ def reported(usage: Any, keys: tuple[str, str]) -> dict[str, Any]:
 
 
 def billed_usage(
-    counts: dict[str, Any], prompt: str, output: Text
+    counts: dict[str, Any], prompt: Prompt, output: Text
 ) -> tuple[dict[str, int], UsageSource]:
     """The usage to bill: each reported count that is one, the gateway's count for the rest."""
     usage: dict[str, int] = {}
     source: UsageSource = "provider"
-    for key, text in zip(KEYS, (prompt, output), strict=True):
+    for key, text in zip(KEYS, (prompt.text, output), strict=True):
         count = token_count(counts.get(key))
+        if count is not None and key == "input_tokens" and count > prompt.max_tokens:
+            count = None  # more tokens than the request has bytes: no count
         if count is None:
             count, source = _estimate(text), "gateway"
         usage[key] = count
@@ -65,18 +76,18 @@ def billed_usage(
 
 
 def billing(
-    outcome: Outcome, counts: dict[str, Any], prompt: str, output: Text, digest: str | None
+    outcome: Outcome, counts: dict[str, Any], prompt: Prompt, output: Text, digest: str | None
 ) -> Billing:
     usage, source = billed_usage(counts, prompt, output)
     return Billing(outcome, usage, digest, usage_source=source)
 
 
-def cancelled(prompt: str, delivered: str = "") -> Billing:
+def cancelled(prompt: Prompt, delivered: str = "") -> Billing:
     """A client that left after the upstream accepted: the prompt it read, what was sent."""
     return billing("cancelled", {}, prompt, delivered, None)
 
 
-def shown_usage(usage: Any, prompt: str, output: Text, keys: tuple[str, str]) -> Any:
+def shown_usage(usage: Any, prompt: Prompt, output: Text, keys: tuple[str, str]) -> Any:
     """The usage object the client gets: the upstream's, with the gateway's count in place
     of any that is not a count, so that the answer says what the receipt says. (No usage
     stays no usage.)"""

@@ -24,6 +24,7 @@ from aiohttp import web
 from model_gateway.gateway.inference.output_limit import Delivered, delivered_chunk
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.tokens import message_output
+from model_gateway.gateway.inference.usage import Prompt
 from model_gateway.gateway.metering.money import cost_of_tokens
 from model_gateway.gateway.providers.chat_events import ChatEvents
 from tests.metering.billing import books, micros
@@ -95,11 +96,14 @@ class Runaway(FakeUpstream):
             events = (_sse(_chunk({"content": DELTA})) for _ in itertools.count())
         elif model == "endless-reasoning":
             events = (_sse(_chunk({"reasoning_content": DELTA})) for _ in itertools.count())
-        elif model == "usage-past":
+        elif model in ("usage-past", "prompt-past"):
+            usage = _usage(PROMPT_TOKENS, 100_000)
+            if model == "prompt-past":
+                usage = _usage(100_000, 4)  # more prompt tokens than the request has bytes
             events = iter(
                 [
                     _sse(_chunk({"content": "Short answer."}, "stop")),
-                    _sse(_chunk({}, usage=_usage(PROMPT_TOKENS, 100_000))),
+                    _sse(_chunk({}, usage=usage)),
                     b"data: [DONE]\n\n",
                 ]
             )
@@ -122,6 +126,8 @@ class Runaway(FakeUpstream):
             text, usage = DELTA * 4, None  # 64 KiB, no usage: counted by the gateway
         elif model == "usage-past":
             usage = _usage(PROMPT_TOKENS, 100_000)
+        elif model == "prompt-past":
+            usage = _usage(100_000, 4)
         answer = {
             "id": "chatcmpl-runaway",
             "object": "chat.completion",
@@ -227,7 +233,7 @@ kind = "anthropic"
 base_url = "{runaway.url}/anthropic"
 api_key_env = "RUNAWAY_KEY"
 """
-    for name in ("endless", "endless-reasoning", "usage-past", "exact-length"):
+    for name in ("endless", "endless-reasoning", "usage-past", "prompt-past", "exact-length"):
         config += _model(name, "runaway", name)
     config += _model("translated-endless", "runaway-chat", "endless")
     config += _model("anthropic-endless", "runaway-anthropic", "endless")
@@ -422,7 +428,7 @@ OUTPUT_FORMS = {
 @pytest.mark.parametrize("form", OUTPUT_FORMS)
 def test_every_form_of_output_counts_against_the_hold_in_a_pass_through(form):
     delivered = Delivered(20)  # 80 bytes
-    relay = ChatPassThrough("m", False, "hi", delivered)
+    relay = ChatPassThrough("m", False, Prompt("hi", 100), delivered)
     events = ChatEvents("runaway")
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "up"}
     chunk["choices"] = [{"index": 0, "delta": OUTPUT_FORMS[form], "finish_reason": None}]
@@ -444,3 +450,23 @@ def test_a_delta_cut_short_never_counts_past_the_room():
     cut = delivered_chunk(delivered, {"choices": [{"index": 0, "delta": delta}]})
     assert delivered.cut and delivered.size <= 4
     assert len(message_output(cut["choices"][0]["delta"]).encode()) <= 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_prompt_count_past_the_requests_bytes_is_no_count(gw, http, stream):
+    """No tokenizer makes more tokens than bytes: such a count is replaced by the gateway's
+    own, as any broken count is, so the receipt's cost is its usage at list price (it was
+    capped at the hold, below what the receipt said it billed)."""
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    body = _chat("prompt-past", 50, **extra)
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    if stream:
+        shown = sse_payloads(response.content)[-2]["usage"]
+    else:
+        shown = response.json()["usage"]
+    receipt = _receipt(http, response.headers["x-receipt-id"])
+    assert receipt["usage_source"] == "gateway"
+    assert receipt["usage"]["input_tokens"] < len(orjson.dumps(body))
+    assert shown["prompt_tokens"] == receipt["usage"]["input_tokens"]  # shown as billed
+    _assert_billed_at_list_price(receipt, held_output_tokens(50, 4096))

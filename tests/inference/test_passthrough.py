@@ -20,6 +20,7 @@ from model_gateway.gateway.inference.output_limit import Delivered
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.sse import MAX_EVENT_BYTES
 from model_gateway.gateway.inference.tokens import estimate_tokens, message_output
+from model_gateway.gateway.inference.usage import Prompt
 from model_gateway.gateway.providers.chat_events import ChatEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
 from tests.support.fake_upstream import SECRET, FakeUpstream
@@ -48,6 +49,7 @@ UPSTREAM_BYTES = b"".join(event + b"\n\n" for event in [*CONTENT, USAGE, b"data:
 DONE = b"data: [DONE]\n\n"
 
 HELD = 10_000  # output tokens the hold covers: more than any stream here delivers
+THE_PROMPT = Prompt("the prompt", 10_000)  # its text, and the most input tokens it can bill
 
 
 def expected(include_usage: bool) -> bytes:
@@ -61,7 +63,7 @@ def expected(include_usage: bool) -> bytes:
 
 
 def relay(reads: list[bytes], include_usage: bool) -> tuple[bytes, ChatPassThrough]:
-    renderer = ChatPassThrough(MODEL_ID, include_usage, "the prompt", Delivered(HELD))
+    renderer = ChatPassThrough(MODEL_ID, include_usage, THE_PROMPT, Delivered(HELD))
     return relay_stream(ChatEvents("test"), renderer, reads), renderer
 
 

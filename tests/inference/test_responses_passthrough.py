@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from model_gateway.gateway.inference.output_limit import Delivered
 from model_gateway.gateway.inference.renderers import NativeResponsesRenderer
+from model_gateway.gateway.inference.usage import Prompt
 from model_gateway.gateway.providers.responses_events import NativeResponsesEvents
 from model_gateway.gateway.providers.upstream import UpstreamFailure
 from tests.support.inference import relay as relay_stream
@@ -24,6 +25,7 @@ USAGE = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
 TEXT = 'café "model":"up-name" 🙂 and more'
 
 HELD = 10_000  # output tokens the hold covers: more than any stream here delivers
+PROMPT = Prompt("the prompt", 10_000)  # its text, and the most input tokens it can bill
 
 
 def response(status: str, usage) -> bytes:
@@ -77,7 +79,7 @@ UPSTREAM_BYTES = b"".join(e + b"\n\n" for e in [*CREATED, *DELTAS, COMPLETED])
 
 
 def relay(reads: list[bytes]) -> tuple[bytes, NativeResponsesRenderer]:
-    renderer = NativeResponsesRenderer(MODEL_ID, "the prompt", Delivered(HELD))
+    renderer = NativeResponsesRenderer(MODEL_ID, PROMPT, Delivered(HELD))
     return relay_stream(NativeResponsesEvents("test"), renderer, reads), renderer
 
 
