@@ -82,9 +82,10 @@ def billing(
     return Billing(outcome, usage, digest, usage_source=source)
 
 
-def cancelled(prompt: Prompt, delivered: str = "") -> Billing:
-    """A client that left after the upstream accepted: the prompt it read, what was sent."""
-    return billing("cancelled", {}, prompt, delivered, None)
+def cancelled(prompt: Prompt) -> Billing:
+    """A client that left after the upstream accepted, before any output reached it: the
+    prompt the upstream read. (Once output went out, the stream bills it: streaming._meter.)"""
+    return billing("cancelled", {}, prompt, 0, None)
 
 
 def shown_usage(usage: Any, prompt: Prompt, output: Text, keys: tuple[str, str]) -> Any:
