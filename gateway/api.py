@@ -186,11 +186,11 @@ class CoreHandlers:
     async def model(self, ctx: RequestContext) -> Response:
         """The SDK's `models.retrieve`: a model the key may not use is as absent as none."""
         assert ctx.project is not None
-        model_id = ctx.path_params["model_id"]
-        model = self.catalog.get(model_id)
-        if model is None or not model_allowed(model_id, ctx.key, ctx.project):
+        asked = ctx.path_params["model_id"]
+        found = self.catalog.resolve(asked)
+        if found is None or not model_allowed(found[0], ctx.key, ctx.project):
             raise ModelNotFound("No model with this ID exists.")
-        return json_response(self._model_view(model_id, model))
+        return json_response(self._model_view(asked, found[1]))  # named as it was asked
 
     async def receipt(self, ctx: RequestContext) -> ASGIApp:
         assert ctx.project is not None  # key auth ran

@@ -13,9 +13,14 @@ class ConfigCatalog:
     def __init__(self, config: Config) -> None:
         self.models = config.models
         self.providers = config.providers
+        self._aliases = {
+            alias: model_id for model_id, model in self.models.items() for alias in model.aliases
+        }
 
-    def get(self, model_id: str) -> ModelConfig | None:
-        return self.models.get(model_id)
+    def resolve(self, name: str) -> tuple[str, ModelConfig] | None:
+        model_id = self._aliases.get(name, name)
+        model = self.models.get(model_id)
+        return None if model is None else (model_id, model)
 
     def available(self, model: ModelInfo) -> bool:
         assert isinstance(model, ModelConfig)

@@ -136,14 +136,69 @@ class PurchasesConfig(_Section):
             raise ValueError('usd_per_token must be a decimal string such as "1"')
 
 
+# The vendor's public address for each kind (`base_url` points a test at a local fake).
+# Azure's is the operator's own resource; `{region}` and `{location}` are the provider's.
+DEFAULT_BASE_URLS = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+    "gemini": "https://generativelanguage.googleapis.com",
+    "vertex": "https://{location}-aiplatform.googleapis.com",
+    "bedrock": "https://bedrock-runtime.{region}.amazonaws.com",
+}
+# The keys beyond kind, base_url, headers and api_key_env that each kind takes.
+_KIND_KEYS: dict[str, frozenset[str]] = {
+    "azure": frozenset({"api_version"}),
+    "vertex": frozenset({"project", "location", "credentials_file"}),
+    "bedrock": frozenset({"region", "access_key_env", "secret_key_env", "session_token_env"}),
+}
+_KIND_ONLY = frozenset().union(*_KIND_KEYS.values())
+# Their defaults (a key left at its default is not "set").
+_DEFAULTS = {"api_version": "2024-10-21", "location": "us-central1"}
+_API_KEY_KINDS = frozenset({"openai", "anthropic", "azure", "gemini"})
+# Kinds that cannot work without a key (an OpenAI-compatible server may need none).
+_KEY_REQUIRED = frozenset({"azure", "gemini"})
+
+
 class ProviderConfig(_Section):
-    kind: Literal["echo", "openai", "anthropic"]
+    kind: Literal["echo", "openai", "anthropic", "azure", "gemini", "vertex", "bedrock"]
     base_url: str | None = None
     api_key_env: str | None = None
+    headers: dict[str, str] = {}  # extra request headers (e.g. OpenRouter's HTTP-Referer)
+    api_version: str = _DEFAULTS["api_version"]  # azure
+    project: str | None = None  # vertex
+    location: str = _DEFAULTS["location"]  # vertex
+    credentials_file: str | None = None  # vertex: a service-account JSON file
+    region: str | None = None  # bedrock
+    access_key_env: str | None = None  # bedrock; none named: botocore's credential chain
+    secret_key_env: str | None = None
+    session_token_env: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind != "echo" and not self.base_url:
-            raise ValueError(f"a provider of kind {self.kind!r} needs base_url")
+        for key in sorted(_KIND_ONLY - _KIND_KEYS.get(self.kind, frozenset())):
+            if getattr(self, key) != _DEFAULTS.get(key):
+                raise ValueError(f"`{key}` is not a key of a provider of kind {self.kind!r}")
+        if self.api_key_env is not None and self.kind not in _API_KEY_KINDS:
+            raise ValueError(f"a provider of kind {self.kind!r} takes no api_key_env")
+        if self.kind in _KEY_REQUIRED and self.api_key_env is None:
+            raise ValueError(f"a provider of kind {self.kind!r} needs api_key_env")
+        if self.kind == "vertex" and not self.project:
+            raise ValueError("a provider of kind 'vertex' needs project")
+        if self.kind == "bedrock" and not self.region:
+            raise ValueError("a provider of kind 'bedrock' needs region")
+        if self.kind == "bedrock" and (self.access_key_env is None) != (
+            self.secret_key_env is None
+        ):
+            raise ValueError("access_key_env and secret_key_env are named together")
+        if self.kind == "azure" and not self.base_url:
+            raise ValueError("a provider of kind 'azure' needs base_url (its resource's)")
+        if self.base_url is None and self.kind in DEFAULT_BASE_URLS:
+            template = DEFAULT_BASE_URLS[self.kind]
+            self.base_url = template.format(location=self.location, region=self.region)
+        for name, value in self.headers.items():
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+                raise ValueError(f"headers: {name!r} is not a header name")
+            if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", value):
+                raise ValueError(f"headers.{name}: a header value is one line of text")
 
     def credential(self) -> str | None:
         """The upstream credential, read from the environment; None when not configured."""
@@ -156,10 +211,15 @@ class ProviderConfig(_Section):
         return self.not_ready_because() is None
 
     def not_ready_because(self) -> str | None:
-        """Why the provider cannot serve, in an operator's words; None when it can."""
-        if self.kind == "echo" or self.api_key_env is None or self.credential() is not None:
-            return None
-        return f"{self.api_key_env} is not set"
+        """Why the provider cannot serve, in an operator's words; None when it can. A
+        named variable unset or a named file absent is not configured; a kind with a
+        library credential chain (vertex, bedrock) names nothing to use that chain."""
+        for variable in (self.api_key_env, self.access_key_env, self.secret_key_env):
+            if variable is not None and not os.environ.get(variable):
+                return f"{variable} is not set"
+        if self.credentials_file is not None and not os.path.isfile(self.credentials_file):
+            return f"credentials_file {self.credentials_file} is not a file"
+        return None
 
 
 class FallbackConfig(_Section):
@@ -172,6 +232,9 @@ class FallbackConfig(_Section):
 class ModelConfig(_Section):
     provider: str
     upstream: str | None = None
+    # "chat": chat completions, responses and messages; "embedding": embeddings only.
+    mode: Literal["chat", "embedding"] = "chat"
+    aliases: list[str] = []  # other ids it answers to (vendor names clients send)
     fallbacks: list[FallbackConfig] = []
     input_price_per_mtok: Micros | None = None  # per million tokens
     output_price_per_mtok: Micros | None = None
@@ -292,6 +355,16 @@ class Config(_Section):
                         f"models.{name}.fallbacks.{i}.provider names an unknown provider "
                         f"{fallback.provider!r}"
                     )
+        owners: dict[str, str] = {}
+        for name, model in self.models.items():
+            for alias in model.aliases:
+                if alias in self.models or alias in owners:
+                    other = owners.get(alias, alias)
+                    raise ValueError(f"models.{name}.aliases: {alias!r} is already {other!r}")
+                owners[alias] = name
+        for provider in self.providers.values():
+            if provider.credentials_file is not None:
+                provider.credentials_file = str(self.path(provider.credentials_file))
         seen: dict[str, str] = {}
         for name, node in self.sandbox_node_entries():
             url = node.url.rstrip("/")

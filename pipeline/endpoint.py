@@ -44,6 +44,7 @@ class Endpoint:
     # loading a sandbox configuration whose limits fix the price); raise a GatewayError.
     admit: Admit | None = None
     pricing: Pricing | None = None  # None: free, nothing is reserved
+    mode: str | None = None  # the kind of model it serves (ModelInfo.mode); None: any
     listed: bool = True  # shown by GET /v1
     # The parameters that take the rest of the path, slashes included (model ids such as
     # org/model). Written `{name:path}` in the template, which keeps only `{name}`: the

@@ -128,6 +128,7 @@ class MemoryMeter:
 class Model:
     supports_tools: bool = True
     available: bool = True
+    mode: str = "chat"
     # What the gateway's inference endpoints read (ports.ModelInfo); a host's own ignore them.
     input_price_per_mtok: int | None = None
     output_price_per_mtok: int | None = None
@@ -143,8 +144,9 @@ class StaticCatalog:
     def __init__(self, models: Mapping[str, Model]) -> None:
         self.models = models
 
-    def get(self, model_id: str) -> ModelInfo | None:
-        return self.models.get(model_id)
+    def resolve(self, name: str) -> tuple[str, ModelInfo] | None:
+        model = self.models.get(name)
+        return None if model is None else (name, model)
 
     def available(self, model: ModelInfo) -> bool:
         return getattr(model, "available", True)

@@ -20,7 +20,7 @@ from model_gateway.pipeline.errors import (
     ServiceUnavailable,
     send_error,
 )
-from model_gateway.pipeline.ports import KeyInfo, ModelCatalog, ProjectInfo
+from model_gateway.pipeline.ports import KeyInfo, ModelCatalog, ModelInfo, ProjectInfo
 
 
 def model_allowed(model_id: str, key: KeyInfo | None, project: ProjectInfo) -> bool:
@@ -53,17 +53,43 @@ class Policy:
         await self.app(scope, receive, send)
 
     def _admit_model(self, ctx: RequestContext) -> None:
-        model_id = getattr(ctx.payload, "model", None)
-        if model_id is None:
+        name = getattr(ctx.payload, "model", None)
+        if name is None:
             return
-        assert ctx.project is not None
-        model = self.catalog.get(model_id)
-        if model is None:
-            raise ModelNotFound(param="model")
-        if not model_allowed(model_id, ctx.key, ctx.project):
-            raise ModelNotAllowed(param="model")
-        if ctx.payload.uses_tools and not model.supports_tools:
-            raise InvalidRequest("This model does not support tools.", param="tools")
-        if not self.catalog.available(model):
-            raise ServiceUnavailable("The model is unavailable on this deployment.")
-        ctx.model_id, ctx.model = model_id, model
+        assert ctx.project is not None and ctx.endpoint is not None
+        ctx.model_id, ctx.model = admit_model(
+            self.catalog,
+            name,
+            ctx.key,
+            ctx.project,
+            uses_tools=ctx.payload.uses_tools,
+            mode=ctx.endpoint.mode,
+        )
+
+
+def admit_model(
+    catalog: ModelCatalog,
+    name: str,
+    key: KeyInfo | None,
+    project: ProjectInfo,
+    *,
+    uses_tools: bool,
+    mode: str | None = None,
+) -> tuple[str, ModelInfo]:
+    """The model a request names (by its id or an alias) as its id and the model, once
+    this key and project may run the request on it; a GatewayError otherwise. `mode`: the
+    kind of model the endpoint serves (None: any)."""
+    found = catalog.resolve(name)
+    if found is None:
+        raise ModelNotFound(param="model")
+    model_id, model = found
+    if not model_allowed(model_id, key, project):
+        raise ModelNotAllowed(param="model")
+    if mode is not None and model.mode != mode:
+        message = f"This model does not serve this endpoint (a {model.mode} model)."
+        raise InvalidRequest(message, param="model")
+    if uses_tools and not model.supports_tools:
+        raise InvalidRequest("This model does not support tools.", param="tools")
+    if not catalog.available(model):
+        raise ServiceUnavailable("The model is unavailable on this deployment.")
+    return model_id, model

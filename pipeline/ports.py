@@ -64,6 +64,8 @@ class ModelInfo(Protocol):
     @property
     def supports_tools(self) -> bool: ...
     @property
+    def mode(self) -> str: ...  # the endpoints it serves: "chat" or "embedding"
+    @property
     def input_price_per_mtok(self) -> int | None: ...  # micro-units; None: not priced
     @property
     def output_price_per_mtok(self) -> int | None: ...
@@ -78,7 +80,10 @@ class ModelInfo(Protocol):
 
 
 class ModelCatalog(Protocol):
-    def get(self, model_id: str) -> ModelInfo | None: ...
+    def resolve(self, name: str) -> tuple[str, ModelInfo] | None:
+        """The model a request names, by its id or one of its aliases: (its id, it)."""
+        ...
+
     def available(self, model: ModelInfo) -> bool: ...
 
 

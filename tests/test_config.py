@@ -68,9 +68,67 @@ def test_a_model_naming_an_unknown_provider_fails():
     assert "models.gpt-x.provider" in message and "openia" in message
 
 
-def test_a_remote_provider_without_base_url_fails():
-    message = failure('[providers.remote]\nkind = "openai"\n')
-    assert "providers.remote" in message and "base_url" in message
+@pytest.mark.parametrize(
+    ("block", "base_url"),
+    [
+        ('kind = "openai"', "https://api.openai.com/v1"),
+        ('kind = "anthropic"', "https://api.anthropic.com"),
+        ('kind = "gemini"\napi_key_env = "K"', "https://generativelanguage.googleapis.com"),
+        ('kind = "vertex"\nproject = "p"', "https://us-central1-aiplatform.googleapis.com"),
+        ('kind = "vertex"\nproject = "p"\nlocation = "europe-west4"',
+         "https://europe-west4-aiplatform.googleapis.com"),
+        ('kind = "bedrock"\nregion = "eu-west-1"', "https://bedrock-runtime.eu-west-1.amazonaws.com"),
+    ],
+)
+def test_a_provider_without_base_url_reaches_its_vendor(block, base_url):
+    config = parse_config(f"[providers.remote]\n{block}\n")
+    assert config.providers["remote"].base_url == base_url
+
+
+@pytest.mark.parametrize(
+    ("block", "named"),
+    [
+        ('kind = "azure"\napi_key_env = "K"', "base_url"),  # a resource's own address
+        ('kind = "azure"\nbase_url = "https://x"', "api_key_env"),
+        ('kind = "gemini"', "api_key_env"),
+        ('kind = "vertex"', "project"),
+        ('kind = "bedrock"', "region"),
+        ('kind = "bedrock"\nregion = "r"\naccess_key_env = "A"', "secret_key_env"),
+        ('kind = "bedrock"\nregion = "r"\napi_key_env = "A"', "api_key_env"),
+        ('kind = "openai"\nregion = "eu-west-1"', "region"),  # another kind's key
+        ('kind = "openai"\napi_version = "2025-01-01"', "api_version"),
+        ('kind = "openai"\nheaders = {"bad name" = "x"}', "headers"),
+        ('kind = "openai"\nheaders = {"X-A" = "a\\r\\nInjected: 1"}', "headers"),
+    ],
+)
+def test_a_provider_missing_or_misplacing_a_key_fails(block, named):
+    message = failure(f"[providers.remote]\n{block}\n")
+    assert "providers.remote" in message and named in message, message
+
+
+def test_a_named_credential_that_is_missing_is_not_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv("MISSING_AWS_KEY", raising=False)
+    config = parse_config(
+        '[providers.b]\nkind = "bedrock"\nregion = "r"\n'
+        'access_key_env = "MISSING_AWS_KEY"\nsecret_key_env = "MISSING_AWS_KEY"\n'
+        '[providers.v]\nkind = "vertex"\nproject = "p"\ncredentials_file = "sa.json"\n'
+        '[providers.chain]\nkind = "bedrock"\nregion = "r"\n',
+        base_dir=tmp_path,
+    )
+    assert config.providers["b"].not_ready_because() == "MISSING_AWS_KEY is not set"
+    why = config.providers["v"].not_ready_because()
+    assert why is not None and str(tmp_path / "sa.json") in why  # resolved beside the file
+    (tmp_path / "sa.json").write_text("{}")
+    assert config.providers["v"].not_ready_because() is None
+    assert config.providers["chain"].not_ready_because() is None  # botocore's chain decides
+
+
+def test_aliases_are_unique_across_models():
+    two = ECHO + '[models.a]\nprovider = "local"\naliases = ["x"]\n'
+    message = failure(two + '[models.b]\nprovider = "local"\naliases = ["x"]\n')
+    assert "models.b.aliases" in message and "'x'" in message
+    message = failure(two + '[models.b]\nprovider = "local"\naliases = ["a"]\n')
+    assert "models.b.aliases" in message
 
 
 def test_invalid_toml_fails_with_the_file_named(tmp_path):

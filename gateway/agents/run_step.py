@@ -34,13 +34,9 @@ from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import (
     GatewayError,
     InternalError,
-    InvalidRequest,
-    ModelNotAllowed,
-    ModelNotFound,
-    ServiceUnavailable,
 )
 from model_gateway.pipeline.hold import Hold
-from model_gateway.pipeline.policy import model_allowed
+from model_gateway.pipeline.policy import admit_model
 from model_gateway.pipeline.ports import Meter
 from model_gateway.pipeline.request_id import new_request_id
 from model_gateway.pipeline.reservation import new_receipt_id
@@ -88,15 +84,7 @@ def check_model(
     catalog: ConfigCatalog, model_id: str, project: ProjectInfo, *, uses_tools: bool
 ) -> None:
     """The policy stage's model checks, for a caller with no key (GatewayError)."""
-    model = catalog.get(model_id)
-    if model is None:
-        raise ModelNotFound(param="model")
-    if not model_allowed(model_id, None, project):
-        raise ModelNotAllowed(param="model")
-    if uses_tools and not model.supports_tools:
-        raise InvalidRequest("This model does not support tools.", param="tools")
-    if not catalog.available(model):
-        raise ServiceUnavailable("The model is unavailable on this deployment.")
+    admit_model(catalog, model_id, None, project, uses_tools=uses_tools, mode="chat")
 
 
 @dataclass(slots=True)
@@ -176,8 +164,9 @@ class StepRunner:
         ctx.payload = endpoint.decode(ctx.body)
         if kind == "model":
             model_id = ctx.payload.model
-            check_model(self.catalog, model_id, ctx.project, uses_tools=ctx.payload.uses_tools)
-            ctx.model_id, ctx.model = model_id, self.catalog.get(model_id)
+            ctx.model_id, ctx.model = admit_model(
+                self.catalog, model_id, None, ctx.project, uses_tools=ctx.payload.uses_tools
+            )
         if endpoint.admit is not None:
             await endpoint.admit(ctx)
         return endpoint.pricing.estimate(ctx)

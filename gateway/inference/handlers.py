@@ -128,6 +128,12 @@ def _served(ctx: RequestContext) -> tuple[str, ModelInfo]:
     return ctx.model_id, ctx.model
 
 
+def _asked(ctx: RequestContext) -> str:
+    """The model as the client named it (its id or an alias): what answers show."""
+    name: str = ctx.payload.model
+    return name
+
+
 def _held_output(ctx: RequestContext) -> int:
     payload: ChatRequest | ResponsesRequest = ctx.payload
     _, model = _served(ctx)
@@ -170,6 +176,7 @@ class InferenceHandlers:
                 self.chat_completions,
                 decode=decoder(ChatRequest),
                 pricing=InferencePricing(),
+                mode="chat",
             ),
             Endpoint(
                 "POST",
@@ -178,6 +185,7 @@ class InferenceHandlers:
                 self.responses,
                 decode=decoder(ResponsesRequest),
                 pricing=InferencePricing(),
+                mode="chat",
             ),
         ]
 
@@ -238,16 +246,16 @@ class InferenceHandlers:
             # Each kind of events has its renderer: batches of checked events, or chunks.
             if provider.chat_pass_through:
                 batches = provider.chat_events(body, acceptance)
-                passthrough = ChatPassThrough(model_id, include_usage, prompt, _delivered(ctx))
+                passthrough = ChatPassThrough(_asked(ctx), include_usage, prompt, _delivered(ctx))
                 checked = self._upstream(ctx, provider, batches, acceptance)
                 return await open_stream(ctx, checked, passthrough, prompt)
             chunks = provider.chat_stream(body, acceptance)
-            renderer = ChatRenderer(model_id, include_usage, prompt, _delivered(ctx))
+            renderer = ChatRenderer(_asked(ctx), include_usage, prompt, _delivered(ctx))
             upstream = self._upstream(ctx, provider, chunks, acceptance)
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)
-        completion["model"] = model_id
+        completion["model"] = _asked(ctx)
         output = functools.partial(completion_text, completion)  # read only if a count is missing
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         return _respond(ctx, completion, counts, prompt, output)
@@ -300,11 +308,11 @@ class InferenceHandlers:
         if payload.stream:
             events = provider.responses_stream(body, acceptance)
             upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = NativeResponsesRenderer(model_id, prompt, _delivered(ctx))
+            renderer = NativeResponsesRenderer(_asked(ctx), prompt, _delivered(ctx))
             return await open_stream(ctx, upstream, renderer, prompt)
         call = provider.responses(body, acceptance)
         result = await self._call(ctx, provider, call, acceptance, prompt)
-        result["model"] = model_id
+        result["model"] = _asked(ctx)
         output = functools.partial(response_text, result)
         counts = _show_billed(result, RESPONSES_KEYS, prompt, output)
         return _respond(ctx, result, counts, prompt, output)

@@ -1,25 +1,37 @@
-"""Upstream providers behind one interface (`base.Provider`), one module per kind."""
+"""Upstream providers behind one interface (`upstream.Provider`), one folder per kind.
+
+A kind's folder exports its `Provider` subclass as `PROVIDER`; the registry below names
+the folder. A kind is imported only when a provider of that kind is configured, so the
+vendor libraries some kinds need (botocore, google-auth) load only then.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from model_gateway.gateway.config import Config, ProviderConfig
-from model_gateway.gateway.providers.anthropic import AnthropicProvider
-from model_gateway.gateway.providers.echo import EchoProvider
-from model_gateway.gateway.providers.openai import OpenAIProvider
 from model_gateway.gateway.providers.upstream import Provider, ResponsesUnsupported
 from model_gateway.gateway.routing.breaker import Breakers
 
-KINDS: dict[str, type[Provider]] = {
-    "echo": EchoProvider,
-    "openai": OpenAIProvider,
-    "anthropic": AnthropicProvider,
+# kind -> its folder under gateway/providers/
+KINDS: dict[str, str] = {
+    "echo": "echo",
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "azure": "azure",
 }
 
 __all__ = ["Provider", "Providers", "ResponsesUnsupported", "build_provider"]
 
 
+def provider_class(kind: str) -> type[Provider]:
+    module = importlib.import_module(f"{__name__}.{KINDS[kind]}")
+    cls: type[Provider] = module.PROVIDER
+    return cls
+
+
 def build_provider(name: str, config: ProviderConfig) -> Provider:
-    return KINDS[config.kind](name, config)
+    return provider_class(config.kind)(name, config)
 
 
 class Providers:

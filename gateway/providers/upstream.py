@@ -105,6 +105,12 @@ class Provider:
         """One Responses request passed through, answered whole."""
         raise ResponsesUnsupported
 
+    async def embeddings(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
+        """One embeddings request in OpenAI's shape (`input` a list of strings, or of lists
+        of token ids; `model` the upstream name; `dimensions` when asked), answered in
+        OpenAI's shape with float vectors and `usage.prompt_tokens`."""
+        raise InvalidRequest("This model's provider does not serve embeddings.", param="model")
+
     def responses_stream(
         self, request: JSONObject, acceptance: Acceptance
     ) -> AsyncGenerator[list[ResponsesStreamEvent]]:
@@ -254,6 +260,17 @@ class HttpProvider(Provider):
         """Credential and protocol headers for every upstream request."""
         return {}
 
+    async def signed_headers(self, url: str, data: bytes) -> dict[str, str]:
+        """The headers that authenticate one request: `headers()`, unless the kind signs
+        each request (bedrock) or fetches a token first (vertex)."""
+        return self.headers()
+
+    async def failure(self, response: aiohttp.ClientResponse) -> GatewayError:
+        """The gateway's error for an upstream's refusal (the caller closes `response`).
+        By its status alone; a kind whose vendor says "bad credentials" another way
+        (Gemini's 400 API_KEY_INVALID) reads that much of the body, never more."""
+        return upstream_error(self.name, response.status)
+
     async def _post(
         self,
         path: str,
@@ -265,11 +282,16 @@ class HttpProvider(Provider):
         """POST, and return the response only if it succeeded (the caller closes it)."""
         if self.session is None:
             raise ProviderError()
-        headers = {"content-type": "application/json", **self.headers()}
         data = orjson.dumps(body)
+        url = self.base_url + path
+        headers = {
+            "content-type": "application/json",
+            **self.config.headers,
+            **await self.signed_headers(url, data),
+        }
         _REUSED.set(False)
         try:
-            response = await self._send(self.session, path, data, headers)
+            response = await self._send(self.session, url, data, headers)
         except _STALE as exc:
             if not _REUSED.get() or isinstance(exc, aiohttp.ClientConnectorError):
                 raise unreachable(self.name, exc) from None
@@ -277,7 +299,7 @@ class HttpProvider(Provider):
             # never reached a live server. Once, on a new connection; not a failure.
             log.info("provider %s: pooled connection was stale; retrying on a fresh one", self.name)
             try:
-                response = await self._send(self.fresh_session, path, data, headers)
+                response = await self._send(self.fresh_session, url, data, headers)
             except (aiohttp.ClientError, OSError) as exc:
                 raise unreachable(self.name, exc) from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -285,15 +307,17 @@ class HttpProvider(Provider):
         if response.status < 300:
             acceptance.accept()
             return response
-        response.close()  # unread: the error body is never looked at
-        if optional_endpoint and response.status in self.missing_endpoint_statuses:
-            raise ResponsesUnsupported
-        raise upstream_error(self.name, response.status)
+        try:
+            if optional_endpoint and response.status in self.missing_endpoint_statuses:
+                raise ResponsesUnsupported
+            raise await self.failure(response)
+        finally:
+            response.close()  # the error body is never passed on
 
     async def _send(
         self,
         session: aiohttp.ClientSession | None,
-        path: str,
+        url: str,
         data: bytes,
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
@@ -301,7 +325,7 @@ class HttpProvider(Provider):
             raise ProviderError()
         # No redirects: a credential header must never follow one to another host.
         return await session.post(
-            self.base_url + path,
+            url,
             data=data,
             headers=headers,
             allow_redirects=False,

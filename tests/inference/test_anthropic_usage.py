@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_gateway.gateway.providers.anthropic_messages import ChunkTranslator, chat_usage
+from model_gateway.gateway.providers.anthropic.anthropic_messages import ChunkTranslator, chat_usage
 
 
 def test_null_cache_counts_are_nothing_to_add():

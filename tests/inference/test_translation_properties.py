@@ -16,7 +16,7 @@ from model_gateway.gateway.inference.handlers import upstream_chat
 from model_gateway.gateway.inference.responses_translate import chat_request
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
 from model_gateway.gateway.inference.tokens import chat_prompt_text, responses_prompt_text
-from model_gateway.gateway.providers.anthropic_messages import messages_request
+from model_gateway.gateway.providers.anthropic.anthropic_messages import messages_request
 from model_gateway.pipeline.errors import InvalidRequest
 from model_gateway.pipeline.validation import decoder
 from tests.inference.request_strategies import chat_body, responses_body, with_wrong_types

@@ -102,7 +102,7 @@ async def test_a_valid_request_is_decoded_into_the_context(catalog, monkeypatch)
     assert isinstance(ctx.payload, ChatRequest)
     assert ctx.payload.messages[0].content == "hi"
     assert ctx.model_id == "echo-1"
-    assert ctx.model is catalog.get("echo-1")
+    assert ctx.model is catalog.models["echo-1"]
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b'{"model": "echo-1",}', b"\xff\xfe", b"nul"])

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from model_gateway.gateway.config import ProviderConfig
-from model_gateway.gateway.providers.anthropic_messages import (
+from model_gateway.gateway.providers.anthropic.anthropic_messages import (
     ChunkTranslator,
     chat_completion,
     messages_request,

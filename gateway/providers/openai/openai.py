@@ -57,8 +57,13 @@ class OpenAIProvider(HttpProvider):
         credential = self.config.credential()
         return {"authorization": f"Bearer {credential}"} if credential else {}
 
+    def path(self, operation: str, model: str) -> str:
+        """The path of an operation ("chat/completions", "responses", "embeddings")."""
+        return "/" + operation
+
     async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
-        answer = await self.post_json("/chat/completions", request, acceptance)
+        path = self.path("chat/completions", request["model"])
+        answer = await self.post_json(path, request, acceptance)
         return checked(self.name, answer, ChatAnswer)
 
     async def chat_events(
@@ -66,7 +71,7 @@ class OpenAIProvider(HttpProvider):
     ) -> AsyncGenerator[list[ChatEvent]]:
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
-        reads = self.post_stream("/chat/completions", body, acceptance)
+        reads = self.post_stream(self.path("chat/completions", request["model"]), body, acceptance)
         async for batch in self._batches(reads, ChatEvents(self.name)):
             yield batch
 
@@ -80,14 +85,16 @@ class OpenAIProvider(HttpProvider):
                     yield parse_checked(event.data)  # the parser that checked it
 
     async def responses(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
-        answer = await self.post_json("/responses", request, acceptance, optional_endpoint=True)
+        path = self.path("responses", request["model"])
+        answer = await self.post_json(path, request, acceptance, optional_endpoint=True)
         return checked(self.name, answer, ResponsesAnswer)
 
     async def responses_stream(
         self, request: JSONObject, acceptance: Acceptance
     ) -> AsyncGenerator[list[ResponsesStreamEvent]]:
         body = {**request, "stream": True}
-        reads = self.post_stream("/responses", body, acceptance, optional_endpoint=True)
+        path = self.path("responses", request["model"])
+        reads = self.post_stream(path, body, acceptance, optional_endpoint=True)
         async for batch in self._batches(reads, NativeResponsesEvents(self.name)):
             yield batch
 
