@@ -19,6 +19,9 @@ KINDS: dict[str, str] = {
     "openai": "openai",
     "anthropic": "anthropic",
     "azure": "azure",
+    "gemini": "gemini",
+    "vertex": "vertex",
+    "bedrock": "bedrock",
 }
 
 __all__ = ["Provider", "Providers", "ResponsesUnsupported", "build_provider"]

@@ -90,6 +90,7 @@ def routed(tmp_path_factory, fake_openai, fake_anthropic):
     config += _model("fb/429", "fb-oa", "fault-429", [("fb-an", "normal")])
     config += _model("fb/500", "fb-an", "fault-500", [("fb-oa", "normal")])
     config += _model("fb/401", "fb-oa", "fault-401", [("fb-an", "normal")])
+    config += _model("fb/401-alone", "fb-oa", "fault-401")
     config += _model("fb/dead-then-slow", "fb-dead", "normal", [("fb-oa", "slow")])
     config += _model("fb/slow-then-dead", "fb-oa", "slow", [("fb-dead", "normal")])
     config += _model("fb/stale", "fb-oa", "stale-keepalive")
@@ -247,12 +248,18 @@ def test_when_every_attempt_fails_the_client_gets_the_last_error(
     assert "x-receipt-id" not in response.headers  # nothing billed
 
 
-def test_credentials_rejected_is_logged_by_provider_never_the_key(routed, fake_anthropic):
+@pytest.mark.parametrize(("model", "status"), [("fb/401-alone", 502), ("fb/401", 200)])
+def test_credentials_rejected_is_logged_by_provider_never_the_key(
+    routed, fake_anthropic, model, status
+):
+    """A refused credential is the operator's: 502 alone, and a fallback trigger."""
     process, client = routed
     marker = _marker()
-    response = client.post(PATHS["chat"], json=body("chat", "fb/401", False, marker))
-    assert_error(response, 502, "provider_error")
-    assert fake_anthropic.sent(marker=marker) == []  # a 401 is not a fallback case
+    response = client.post(PATHS["chat"], json=body("chat", model, False, marker))
+    assert response.status_code == status
+    if status == 502:
+        assert_error(response, 502, "provider_error")
+    assert len(fake_anthropic.sent(marker=marker)) == (status == 200)
     request_id = response.headers["x-request-id"]
     _wait_for(lambda: f"request_id={request_id}" in process.log())
     lines = [line for line in process.log().splitlines() if request_id in line]
