@@ -229,15 +229,36 @@ class FallbackConfig(_Section):
     upstream: str | None = None  # the model name sent to it; unset: the model's own upstream
 
 
-class ModelConfig(_Section):
+class ClassPrices(_Section):
+    """A price per token class, in micro-units per million tokens (decisions.md, "Prices,
+    exactly"); unset: the class's default (see `gateway.metering.class_prices`)."""
+
+    input_price_per_mtok: Micros | None = None
+    output_price_per_mtok: Micros | None = None
+    cached_input_price_per_mtok: Micros | None = None  # cache reads
+    cache_write_price_per_mtok: Micros | None = None  # cache writes (Anthropic's 5-minute)
+    cache_write_1h_price_per_mtok: Micros | None = None  # Anthropic's 1-hour cache writes
+
+
+class PriceTier(ClassPrices, kw_only=True):
+    """Prices for a request whose input tokens exceed `above_input_tokens` (the whole
+    request); a class the tier leaves unset keeps the model's price."""
+
+    above_input_tokens: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ModelConfig(ClassPrices, kw_only=True):
     provider: str
     upstream: str | None = None
     # "chat": chat completions, responses and messages; "embedding": embeddings only.
     mode: Literal["chat", "embedding"] = "chat"
     aliases: list[str] = []  # other ids it answers to (vendor names clients send)
     fallbacks: list[FallbackConfig] = []
-    input_price_per_mtok: Micros | None = None  # per million tokens
-    output_price_per_mtok: Micros | None = None
+    price_tiers: list[PriceTier] = []
+    # "catalog": prices from the genai-prices dataset under `catalog_id` ("provider/model");
+    # price keys set beside it override the dataset for their class.
+    prices: Literal["catalog"] | None = None
+    catalog_id: str | None = None
     supports_tools: bool = False
     max_output_tokens: int = 4096
     available: bool = True
@@ -245,10 +266,39 @@ class ModelConfig(_Section):
     def __post_init__(self) -> None:
         if self.max_output_tokens <= 0:
             raise ValueError("max_output_tokens must be positive")
+        if (self.prices == "catalog") != (self.catalog_id is not None):
+            raise ValueError('prices = "catalog" and catalog_id are set together')
+        thresholds = [tier.above_input_tokens for tier in self.price_tiers]
+        if thresholds != sorted(set(thresholds)):
+            raise ValueError("price_tiers: above_input_tokens must increase from tier to tier")
 
     @property
     def priced(self) -> bool:
         return self.input_price_per_mtok is not None and self.output_price_per_mtok is not None
+
+
+def _apply_catalog(name: str, model: ModelConfig) -> None:
+    """Fill the model's prices from the genai-prices dataset: every class it does not set
+    itself, and the tiers unless it sets its own."""
+    from model_gateway.gateway.metering import price_catalog
+
+    assert model.catalog_id is not None
+    try:
+        base, tiers = price_catalog.catalog_prices(model.catalog_id)
+    except ValueError as exc:
+        raise ValueError(f"models.{name}.{exc}") from None
+    overridden = {key for key in price_catalog.CLASS_KEYS if getattr(model, key) is not None}
+    for key, value in base.items():
+        if key not in overridden:
+            setattr(model, key, Micros(value))
+    if not model.price_tiers:
+        model.price_tiers = [
+            PriceTier(
+                above_input_tokens=threshold,
+                **{key: Micros(v) for key, v in prices.items() if key not in overridden},
+            )
+            for threshold, prices in tiers
+        ]
 
 
 class ProofsConfig(_Section):
@@ -362,6 +412,9 @@ class Config(_Section):
                     other = owners.get(alias, alias)
                     raise ValueError(f"models.{name}.aliases: {alias!r} is already {other!r}")
                 owners[alias] = name
+        for name, model in self.models.items():
+            if model.prices == "catalog":
+                _apply_catalog(name, model)
         for provider in self.providers.values():
             if provider.credentials_file is not None:
                 provider.credentials_file = str(self.path(provider.credentials_file))
