@@ -18,6 +18,7 @@ from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.gateway.cluster.instance import Instance
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.console.mount import mount_console
+from model_gateway.gateway.inference.embeddings import EmbeddingsHandlers
 from model_gateway.gateway.inference.handlers import InferenceHandlers
 from model_gateway.gateway.metering.leased_meter import LeasedMeter
 from model_gateway.gateway.metering.storage_meter import StorageMeter, process_owner
@@ -195,9 +196,14 @@ async def open_gateway(
             metrics=metrics,
         )
         inference = InferenceHandlers(providers, config.limits.gateway_timeout_s, metrics)
+        embeddings = EmbeddingsHandlers(inference)
         proofs = ProofHandlers(transparency_log, signing_key, config.server.public_url)
         routes = RouteTable(
-            core.routes() + inference.routes() + proofs.routes() + sandboxes.routes()
+            core.routes()
+            + inference.routes()
+            + embeddings.routes()
+            + proofs.routes()
+            + sandboxes.routes()
         )
         core.list_endpoints(routes)
         agents = AgentEngine.over_endpoints(

@@ -28,13 +28,20 @@ def held_output_tokens(requested: int | None, model_max: int) -> int:
     return -(-limit * _TOLERANCE_NUM // _TOLERANCE_DEN) + _TOLERANCE_EXTRA
 
 
-def _prices(model: ModelInfo) -> tuple[int, int]:
-    """The model's input and output prices, in micro-units per million tokens."""
-    input_price, output_price = model.input_price_per_mtok, model.output_price_per_mtok
-    if input_price is None or output_price is None:
+def _priced(price: int | None) -> int:
+    if price is None:
         # Never run a model for free because its price was left out of the config.
         raise ServiceUnavailable("The model has no price configured on this deployment.")
-    return input_price, output_price
+    return price
+
+
+def _prices(model: ModelInfo) -> tuple[int, int]:
+    """The model's input and output prices, in micro-units per million tokens."""
+    return _priced(model.input_price_per_mtok), _priced(model.output_price_per_mtok)
+
+
+def _input_price(model: ModelInfo) -> int:
+    return _priced(model.input_price_per_mtok)
 
 
 class InferencePricing:
@@ -66,6 +73,26 @@ class InferencePricing:
         return cost_of_tokens(usage.get("input_tokens", 0), input_price) + cost_of_tokens(
             usage.get("output_tokens", 0), output_price
         )
+
+
+class EmbeddingsPricing:
+    """Embeddings: input tokens at the model's input price; they have no output (its
+    price may be left unset)."""
+
+    kind = "inference"
+    subject = staticmethod(InferencePricing.subject)
+
+    @staticmethod
+    def estimate(ctx: RequestContext) -> int:
+        assert ctx.model is not None  # the policy stage resolved it
+        # A token spans at least one byte, so the body's size bounds the input's tokens.
+        return cost_of_tokens(len(ctx.body), _input_price(ctx.model))
+
+    @staticmethod
+    def cost(ctx: RequestContext) -> int:
+        assert ctx.model is not None  # the policy stage resolved it
+        usage = ctx.billing.usage if ctx.billing else {}
+        return cost_of_tokens(usage.get("input_tokens", 0), _input_price(ctx.model))
 
 
 class _SandboxLimits(Protocol):

@@ -1,11 +1,19 @@
 """A fake OpenAI-compatible upstream (see fake_upstream for its fault modes).
 
-`{url}/v1` has Chat Completions and Responses; `{url}/chatonly/v1` has Chat Completions
-only (its /responses answers 404), like many OpenAI-compatible servers.
+`{url}/v1` has Chat Completions, Responses and Embeddings; `{url}/chatonly/v1` has Chat
+Completions only (its /responses answers 404), like many OpenAI-compatible servers.
+
+Embeddings: input `i` is embedded as `fake_embedding(i, dimensions)` (FAKE_DIMENSIONS
+values unless the request names `dimensions`), in floats or, asked for, in base64 as
+OpenAI encodes it; usage INPUT_TOKENS. Texts and token-id lists are taken, as OpenAI
+does; other inputs are 400. Besides the common modes: `reversed-order` answers the
+vectors last first (each with its right index), `wrong-count` one vector short.
 """
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
 
 from aiohttp import web
@@ -25,6 +33,11 @@ from tests.support.fake_upstream import (
 TOOL_ARGUMENTS = ['{"city":', ' "Paris"}']
 
 
+# `cached`: of the INPUT_TOKENS, these are cache reads; of the output, these reasoning.
+CACHED_READS, REASONING = 4, 3
+CACHED = "cached"
+
+
 def _chat_usage(model: str, body: dict) -> dict:
     output = OUTPUT_TOKENS
     if model == AT_THE_HOLD:
@@ -35,7 +48,35 @@ def _chat_usage(model: str, body: dict) -> dict:
         "completion_tokens": output,
         "total_tokens": INPUT_TOKENS + output,
     }
+    if model == CACHED:
+        usage["prompt_tokens_details"] = {"cached_tokens": CACHED_READS}
+        usage["completion_tokens_details"] = {"reasoning_tokens": REASONING}
     return usage_for(model, usage)
+
+
+FAKE_DIMENSIONS = 3  # a vector's length when the request names none
+REVERSED, WRONG_COUNT = "reversed-order", "wrong-count"  # embeddings modes
+
+
+def fake_embedding(index: int, dimensions: int) -> list[float]:
+    """The vector of input `index` (values float32 holds exactly, as base64 carries them)."""
+    return [index + 0.5] + [0.25] * (dimensions - 1)
+
+
+def _embedding_inputs(value) -> list | None:
+    """The inputs of an embeddings request as OpenAI reads `input`; None when invalid."""
+    if isinstance(value, str) and value:
+        return [value]
+    if not isinstance(value, list) or not value:
+        return None
+    if all(type(token) is int for token in value):
+        return [value]
+    texts = all(isinstance(item, str) and item for item in value)
+    token_lists = all(
+        isinstance(item, list) and item and all(type(token) is int for token in item)
+        for item in value
+    )
+    return value if texts or token_lists else None
 
 
 # Chat stream modes of this fake only (see fake_upstream's table).
@@ -89,8 +130,19 @@ class FakeOpenAI(FakeUpstream):
             web.post("/v1/chat/completions", self.chat),
             web.post("/chatonly/v1/chat/completions", self.chat),
             web.post("/v1/responses", self.responses),
+            web.post("/v1/embeddings", self.embeddings),
             web.post("/stolen", self.stolen),
         ]
+
+    def provider_config(self, name: str) -> tuple[str, dict[str, str]]:
+        """The `[providers.NAME]` block pointing at this fake, and its credential's variable."""
+        block = f"""
+[providers."{name}"]
+kind = "openai"
+base_url = "{self.url}/v1"
+api_key_env = "FAKE_OPENAI_KEY"
+"""
+        return block, {"FAKE_OPENAI_KEY": self.credential}
 
     async def _admit(self, request: web.Request) -> tuple[dict, web.StreamResponse | None]:
         body = await self.record(request)
@@ -166,16 +218,45 @@ class FakeOpenAI(FakeUpstream):
         events.append(b"data: [DONE]\n\n")
         return await self.stream(request, model, events, text_from=1)
 
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        body, early = await self._admit(request)
+        if early is not None:
+            return early
+        model = body["model"]
+        inputs = _embedding_inputs(body.get("input"))
+        if inputs is None:
+            error = {"message": "Invalid input", "type": "invalid_request_error", "param": "input"}
+            return web.json_response({"error": error}, status=400)
+        dimensions = body.get("dimensions", FAKE_DIMENSIONS)
+        data = []
+        for i in range(len(inputs)):
+            vector = fake_embedding(i, dimensions)
+            if body.get("encoding_format") == "base64":
+                vector = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        if model == MALFORMED:
+            data[0]["embedding"] = {"not": "a vector"}
+        if model == REVERSED:
+            data.reverse()
+        if model == WRONG_COUNT:
+            data.pop()
+        payload = {"object": "list", "data": data, "model": model}
+        if model not in NO_USAGE:
+            usage = {"prompt_tokens": INPUT_TOKENS, "total_tokens": INPUT_TOKENS}
+            payload["usage"] = usage_for(model, usage)
+        return await self.answer(request, model, payload)
+
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body, early = await self._admit(request)
         if early is not None:
             return early
         model = body["model"]
+        cached = model == CACHED
         usage = {
             "input_tokens": INPUT_TOKENS,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": CACHED_READS if cached else 0},
             "output_tokens": OUTPUT_TOKENS,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": REASONING if cached else 0},
             "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
         }
         part = {"type": "output_text", "text": REPLY, "annotations": []}

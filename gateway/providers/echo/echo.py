@@ -5,6 +5,12 @@ Needs nothing, counts tokens with the gateway's estimate, honours the output lim
 forces one (tool_choice "required" or a named function), so that every path of the
 gateway can be exercised on a fresh install.
 
+As an embedding model it answers each input with a deterministic unit vector of
+`EMBEDDING_DIMENSIONS` values (or the request's `dimensions`), made from the SHAKE-256
+digest of the input (a text, or a list of token ids: never the same digest): the same
+input, the same vector. Fewer dimensions are the first values of a longer vector,
+normalized again, as OpenAI's text-embedding-3 models shorten theirs.
+
 It also plays a hosted agent's model (decisions.md, "Hosted agents"): offered the
 `run_code` tool, it calls it for the first fenced code block whose info string is a
 runtime (```python) in the last user or tool message, so a run with a sandbox step
@@ -14,8 +20,11 @@ works without any provider credentials. Requests without that tool are unaffecte
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import re
 import secrets
+import struct
 import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
@@ -26,11 +35,17 @@ from model_gateway.gateway.agents.run_code import RUN_CODE
 from model_gateway.gateway.inference.tokens import chat_prompt_text, content_text, estimate_tokens
 from model_gateway.gateway.providers.upstream import Acceptance, Provider
 from model_gateway.gateway.sandbox.runtimes import RUNTIMES
+from model_gateway.pipeline.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from model_gateway.gateway.inference.json_types import JSONObject
 
 _PIECES = re.compile(r"\S+\s*|\s+")
+
+EMBEDDING_DIMENSIONS = 8  # a vector's length when the request names none
+# The most values one embeddings request is answered (inputs x dimensions): the answer
+# is computed in the event loop.
+MAX_EMBEDDING_VALUES = 1 << 18
 
 _FENCED = re.compile(rf"```({'|'.join(RUNTIMES)})[ \t]*\r?\n(.*?)```", re.DOTALL)
 
@@ -63,6 +78,21 @@ def _run_code_call(text: str) -> JSONObject | None:
 def _within(text: str, size: int | None) -> str:
     """`text` cut to `size` UTF-8 bytes (None: whole)."""
     return text if size is None else text.encode()[:size].decode("utf-8", "ignore")
+
+
+def embedding(item: str | list[int], dimensions: int) -> list[float]:
+    """The unit vector of an input (a text or token ids), in float32 values (as OpenAI's
+    are: its base64 form holds them exactly)."""
+    seed = orjson.dumps(item)  # a text is quoted: never the digest of token ids
+    words = struct.unpack(f"<{dimensions}I", hashlib.shake_256(seed).digest(4 * dimensions))
+    values = [(2 * word + 1) / 2**32 - 1 for word in words]  # in (-1, 1), never 0
+    norm = math.sqrt(sum(value * value for value in values))
+    unit = [value / norm for value in values]
+    return list(struct.unpack(f"<{dimensions}f", struct.pack(f"<{dimensions}f", *unit)))
+
+
+def _embedding_tokens(item: str | list[int]) -> int:
+    return estimate_tokens(item) if isinstance(item, str) else len(item)
 
 
 class _Reply:
@@ -162,3 +192,24 @@ class EchoProvider(Provider):
             yield chunk({"content": piece})
         yield chunk({}, reply.finish_reason)
         yield {**chunk({}), "choices": [], "usage": reply.usage}
+
+    async def embeddings(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
+        inputs: list[str | list[int]] = request["input"]
+        dimensions: int = request.get("dimensions", EMBEDDING_DIMENSIONS)
+        if len(inputs) * dimensions > MAX_EMBEDDING_VALUES:
+            raise InvalidRequest(
+                f"The echo provider answers at most {MAX_EMBEDDING_VALUES} values a request "
+                "(inputs x dimensions).",
+                param="dimensions",
+            )
+        acceptance.accept()
+        tokens = sum(_embedding_tokens(item) for item in inputs)
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": embedding(item, dimensions)}
+                for i, item in enumerate(inputs)
+            ],
+            "model": request["model"],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }

@@ -1,17 +1,19 @@
 """Any OpenAI-compatible server: OpenAI, vLLM, Ollama, llama.cpp, OpenRouter...
 
-Chat Completions pass through as they are, streams included (read by `chat_events`).
-Streams always ask the upstream for usage (`stream_options.include_usage`). The
-Responses endpoint is used when the upstream has one; a server answering 404/405/501
-there is served by translation instead (the handlers remember that once translation has
-worked).
+Chat Completions pass through as they are, streams included (read by `chat_events`),
+and so do Embeddings (asked for float vectors). Streams always ask the upstream for
+usage (`stream_options.include_usage`). The Responses endpoint is used when the
+upstream has one; a server answering 404/405/501 there is served by translation instead
+(the handlers remember that once translation has worked).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
+
+import msgspec
 
 from model_gateway.gateway.providers.chat_events import ChatEvent, ChatEvents
 from model_gateway.gateway.providers.responses_events import (
@@ -36,6 +38,20 @@ if TYPE_CHECKING:
     from model_gateway.pipeline.errors import GatewayError
 
 E = TypeVar("E")
+
+_FLOAT32_MAX = 3.4028234663852886e38
+# What the gateway reads of an embeddings answer (its usage is judged count by count):
+# float32 values, as the gateway's base64 form packs them.
+_Value = Annotated[float, msgspec.Meta(ge=-_FLOAT32_MAX, le=_FLOAT32_MAX)]
+
+
+class _Embedding(msgspec.Struct):
+    index: int
+    embedding: list[_Value]
+
+
+class _EmbeddingsAnswer(msgspec.Struct):
+    data: list[_Embedding]
 
 
 class _EventReader(Protocol[E]):
@@ -97,6 +113,11 @@ class OpenAIProvider(HttpProvider):
         reads = self.post_stream(path, body, acceptance, optional_endpoint=True)
         async for batch in self._batches(reads, NativeResponsesEvents(self.name)):
             yield batch
+
+    async def embeddings(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
+        body = {**request, "encoding_format": "float"}  # base64 is the gateway's own work
+        answer = await self.post_json(self.path("embeddings", request["model"]), body, acceptance)
+        return checked(self.name, answer, _EmbeddingsAnswer)
 
     async def _batches(
         self, reads: AsyncGenerator[bytes], events: _EventReader[E]
