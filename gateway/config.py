@@ -214,7 +214,8 @@ class ProviderConfig(_Section):
         """Why the provider cannot serve, in an operator's words; None when it can. A
         named variable unset or a named file absent is not configured; a kind with a
         library credential chain (vertex, bedrock) names nothing to use that chain."""
-        for variable in (self.api_key_env, self.access_key_env, self.secret_key_env):
+        named = (self.api_key_env, self.access_key_env, self.secret_key_env, self.session_token_env)
+        for variable in named:
             if variable is not None and not os.environ.get(variable):
                 return f"{variable} is not set"
         if self.credentials_file is not None and not os.path.isfile(self.credentials_file):
