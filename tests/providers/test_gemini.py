@@ -17,11 +17,14 @@ import pytest
 from model_gateway.gateway.inference.tokens import estimate_tokens
 from tests.support.errors import assert_error
 from tests.support.fake_gemini import (
+    BLOCKED,
     CACHED_TOKENS,
     COST,
     GEMINI_KEY,
     MODES,
+    SAFETY,
     SKIP_SIGNATURE,
+    STREAM_ERROR,
     THOUGHT,
     THOUGHT_SIGNATURE,
     THOUGHT_TOKENS,
@@ -314,6 +317,43 @@ def test_tool_choice(client, fake, choice, config):
     assert sent.body["toolConfig"] == {"functionCallingConfig": config}
 
 
+def test_a_tool_result_answers_a_call_of_the_conversation(http, fake):
+    marker = _marker()
+    messages = [
+        {"role": "user", "content": marker},
+        {"role": "tool", "tool_call_id": "call_unknown", "content": "sunny"},
+    ]
+    body = {"model": "g/normal", "messages": messages, "tools": [WEATHER]}
+    response = http.post("/v1/chat/completions", json=body)
+    assert_error(response, 400, "invalid_request", param="messages.1.tool_call_id")
+    assert fake.sent(marker=marker) == []
+
+
+def test_json_output_and_sampling(client, fake):
+    marker = _marker()
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    client.chat.completions.create(
+        **_chat("g/normal", marker),
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        seed=7,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+    )
+    client.chat.completions.create(
+        **_chat("g/normal", marker), response_format={"type": "json_object"}
+    )
+    schema_asked, json_asked = (r.body["generationConfig"] for r in fake.sent(marker=marker))
+    assert schema_asked == {
+        "maxOutputTokens": 256,  # the model's limit: the request set none
+        "seed": 7,
+        "presencePenalty": 0.5,
+        "frequencyPenalty": 0.25,
+        "responseMimeType": "application/json",
+        "responseJsonSchema": schema,
+    }
+    assert json_asked == {"maxOutputTokens": 256, "responseMimeType": "application/json"}
+
+
 def test_image_parts_are_refused_before_anything_is_sent(http, fake):
     marker = _marker()
     content = [
@@ -381,6 +421,16 @@ def test_length_streamed(client):
     assert _stream_text(chunks) == "".join(REPLY_PIECES[:2])
 
 
+@pytest.mark.parametrize(("mode", "text"), [(BLOCKED, ""), (SAFETY, REPLY_PIECES[0])])
+def test_googles_filters_are_content_filter(client, mode, text):
+    done = client.chat.completions.create(**_chat(f"g/{mode}"))
+    assert done.choices[0].finish_reason == "content_filter"
+    assert done.choices[0].message.content == text
+    assert done.usage.prompt_tokens == INPUT_TOKENS
+    chunks = list(client.chat.completions.create(**_chat(f"g/{mode}"), stream=True))
+    assert _finishes(chunks) == ["content_filter"] and _stream_text(chunks) == text
+
+
 # --- failures --------------------------------------------------------------------------------
 
 
@@ -440,6 +490,13 @@ def test_cut_mid_stream(http):
     assert "".join(texts) == "".join(REPLY_PIECES[:3])
     receipt = http.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
     assert receipt["status"] == "failed"
+
+
+def test_an_error_in_the_stream(gw, http):
+    response = http.post("/v1/chat/completions", json=_chat(f"g/{STREAM_ERROR}", stream=True))
+    assert response.status_code == 200
+    assert _in_band_errors(response) == ["provider_error"]
+    assert SECRET not in response.text and SECRET not in gw.log()
 
 
 def test_cut_mid_answer(http):

@@ -11,7 +11,10 @@ proto3 JSON reads them (unknown fields refused, roles, parts, a function respons
 each call of the turn before, Gemini 3's thought signature on a replayed call).
 
 Modes beyond fake_upstream's: `cached` (4 of the input tokens cached, 3 thought tokens,
-a thought part before the text).
+a thought part before the text), `blocked` (the prompt refused: promptFeedback, no
+candidate), `safety` (stopped by the safety filters after a first piece), `stream-error`
+(streams: one text event, then Google's in-band error object with SECRET; whole
+answers: normal).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ THOUGHT_SIGNATURE = "ZmFrZS10aG91Z2h0LXNpZ25hdHVyZQ=="  # what it sends with a f
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # Google's value for foreign calls
 CACHED_TOKENS, THOUGHT_TOKENS = 4, 3
 THOUGHT = "Thinking it over."
+BLOCKED, SAFETY, STREAM_ERROR = "blocked", "safety", "stream-error"
 
 _TOP = {
     "contents",
@@ -419,6 +423,8 @@ def _reply(model: str, body: dict) -> tuple[list[str], str, dict | None]:
         return [], "STOP", {**call, "thoughtSignature": THOUGHT_SIGNATURE}
     if model == "length":
         return REPLY_PIECES[:2], "MAX_TOKENS", None
+    if model == SAFETY:
+        return REPLY_PIECES[:1], "SAFETY", None
     return REPLY_PIECES, "STOP", None
 
 
@@ -450,7 +456,14 @@ def _response(model: str, parts: list | str, finish: str | None, usage: dict) ->
     }
 
 
+def _blocked() -> dict:
+    usage = {"promptTokenCount": INPUT_TOKENS, "totalTokenCount": INPUT_TOKENS}
+    return {"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": usage}
+
+
 def _answer(model: str, body: dict) -> dict:
+    if model == BLOCKED:
+        return _blocked()
     pieces, finish, call = _reply(model, body)
     parts: list = [{"text": "".join(pieces)}] if pieces else []
     if model == "cached":
@@ -466,7 +479,12 @@ def _answer(model: str, body: dict) -> dict:
 def _events(model: str, body: dict) -> list[dict]:
     """The stream: a text piece per event, a function call in its own, the finishReason
     and the whole usage on the last (earlier ones carry the prompt's count only)."""
+    if model == BLOCKED:
+        return [_blocked()]
     pieces, finish, call = _reply(model, body)
+    if model == STREAM_ERROR:
+        error = {"code": 500, "message": f"Internal error: {SECRET}", "status": "INTERNAL"}
+        return [_response(model, [{"text": pieces[0]}], None, {}), {"error": error}]
     steps: list[list] = [[{"text": piece}] for piece in pieces]
     if model == "cached":
         steps.insert(0, [{"text": THOUGHT, "thought": True}])
@@ -516,6 +534,9 @@ MODES = [
     "fault-500",
     "cut-mid-stream",
     MALFORMED,
+    BLOCKED,
+    SAFETY,
+    STREAM_ERROR,
 ]
 # A second provider that serves when the first's credentials are rejected.
 TO_ECHO = 'fallbacks = [{provider = "local", upstream = "echo-1"}]'

@@ -194,9 +194,9 @@ def _generation_config(request: JSONObject) -> JSONObject:
     response_format = request.get("response_format") or {}
     if response_format.get("type") in ("json_object", "json_schema"):
         config["responseMimeType"] = "application/json"
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if schema is not None:
-            config["responseJsonSchema"] = schema
+        json_schema = response_format.get("json_schema")
+        if isinstance(json_schema, dict) and json_schema.get("schema") is not None:
+            config["responseJsonSchema"] = json_schema["schema"]
     return config
 
 
