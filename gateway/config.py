@@ -137,12 +137,13 @@ class PurchasesConfig(_Section):
 
 
 # The vendor's public address for each kind (`base_url` points a test at a local fake).
-# Azure's is the operator's own resource; `{region}` and `{location}` are the provider's.
+# Azure's is the operator's own resource; `{region}` and `{location_host}` (vertex's
+# `location` and a dash, none for "global") are the provider's.
 DEFAULT_BASE_URLS = {
     "openai": "https://api.openai.com/v1",
     "anthropic": "https://api.anthropic.com",
     "gemini": "https://generativelanguage.googleapis.com",
-    "vertex": "https://{location}-aiplatform.googleapis.com",
+    "vertex": "https://{location_host}aiplatform.googleapis.com",
     "bedrock": "https://bedrock-runtime.{region}.amazonaws.com",
 }
 # The keys beyond kind, base_url, headers and api_key_env that each kind takes.
@@ -193,7 +194,9 @@ class ProviderConfig(_Section):
             raise ValueError("a provider of kind 'azure' needs base_url (its resource's)")
         if self.base_url is None and self.kind in DEFAULT_BASE_URLS:
             template = DEFAULT_BASE_URLS[self.kind]
-            self.base_url = template.format(location=self.location, region=self.region)
+            # Vertex's global endpoint has no location prefix.
+            host = "" if self.location == "global" else f"{self.location}-"
+            self.base_url = template.format(location_host=host, region=self.region)
         for name, value in self.headers.items():
             if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
                 raise ValueError(f"headers: {name!r} is not a header name")
@@ -275,7 +278,9 @@ class ModelConfig(ClassPrices, kw_only=True):
 
     @property
     def priced(self) -> bool:
-        return self.input_price_per_mtok is not None and self.output_price_per_mtok is not None
+        """Every class it can bill has a price: input, and output unless it embeds."""
+        output_priced = self.mode == "embedding" or self.output_price_per_mtok is not None
+        return self.input_price_per_mtok is not None and output_priced
 
 
 def _apply_catalog(name: str, model: ModelConfig) -> None:

@@ -78,6 +78,7 @@ def test_a_model_naming_an_unknown_provider_fails():
         ('kind = "vertex"\nproject = "p"\nlocation = "europe-west4"',
          "https://europe-west4-aiplatform.googleapis.com"),
         ('kind = "bedrock"\nregion = "eu-west-1"', "https://bedrock-runtime.eu-west-1.amazonaws.com"),
+        ('kind = "vertex"\nproject = "p"\nlocation = "global"', "https://aiplatform.googleapis.com"),
     ],
 )
 def test_a_provider_without_base_url_reaches_its_vendor(block, base_url):
