@@ -294,7 +294,7 @@ def test_every_response_carries_a_fresh_request_id(http, inference_key):
         "/v1/nope",
         "/v1/chat",
         "/v1/completions",
-        "/v1/embeddings",
+        "/v1/images/generations",
         "/v1/",
     ],
 )
