@@ -118,7 +118,7 @@ class GeminiProvider(GenerateContentProvider):
             if len(answer["embeddings"]) != len(batch):
                 raise malformed(self.name)
             vectors += [embedding["values"] for embedding in answer["embeddings"]]
-        return embeddings_answer(vectors, texts, model)
+        return embeddings_answer(vectors, model)
 
 
 async def _head(response: aiohttp.ClientResponse) -> bytes:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
-from model_gateway.gateway.inference.tokens import content_text, estimate_tokens
+from model_gateway.gateway.inference.tokens import content_text
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.gateway.providers.anthropic.anthropic_messages import (
     _text_blocks,
@@ -400,9 +400,9 @@ def embed_request(texts: list[str], model: str, dimensions: Any) -> JSONObject:
     return {"requests": requests}
 
 
-def embeddings_answer(vectors: list[list[float]], texts: list[str], model: str) -> JSONObject:
-    """Vectors in OpenAI's embeddings shape, with the gateway's count (Gemini reports none)."""
-    tokens = estimate_tokens("".join(texts))  # as the gateway counts them itself
+def embeddings_answer(vectors: list[list[float]], model: str) -> JSONObject:
+    """Vectors in OpenAI's embeddings shape, without usage: Gemini reports no count, so the
+    receipt bills the gateway's own and says so (`usage_source` "gateway")."""
     return {
         "object": "list",
         "data": [
@@ -410,5 +410,4 @@ def embeddings_answer(vectors: list[list[float]], texts: list[str], model: str) 
             for i, vector in enumerate(vectors)
         ],
         "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
