@@ -1,9 +1,11 @@
-"""POST /v1/chat/completions and POST /v1/responses.
+"""POST /v1/chat/completions, /v1/responses, /v1/messages and /v1/messages/count_tokens.
 
-Both run on every model: Chat Completions go to the model's provider as they are (the
+All run on every chat model: Chat Completions go to the model's provider as they are (the
 provider translates if it speaks something else; a chat stream from an upstream that
 speaks chat is passed through, gateway.inference.passthrough); Responses pass through to providers
-with a native Responses endpoint and are translated to chat and back for the others.
+with a native Responses endpoint and are translated to chat and back for the others;
+Anthropic's Messages pass through to Anthropic upstreams and are translated to chat and
+back for the others (gateway.inference.messages).
 
 Metering contract (read by the settle stage): `ctx.billing` is set before the
 response's last message. A failure before anything was sent raises, and leaves it None;
@@ -24,8 +26,34 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import orjson
+from starlette.datastructures import Headers
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
+from model_gateway.gateway.inference.messages.messages_passthrough import (
+    MessagesPassThrough,
+    native_body,
+    native_output,
+)
+from model_gateway.gateway.inference.messages.messages_schemas import (
+    CountTokensRequest,
+    MessagesRequest,
+)
+from model_gateway.gateway.inference.messages.messages_stream import TranslatedMessagesRenderer
+from model_gateway.gateway.inference.messages.messages_translate import (
+    chat_from_messages,
+    message_from_chat,
+)
+from model_gateway.gateway.inference.messages.messages_upstream import (
+    AfterHeaders,
+    anthropic_beta,
+    upstream_messages,
+)
+from model_gateway.gateway.inference.messages.messages_usage import (
+    anthropic_usage,
+    chat_cache_counts,
+    native_counts,
+)
 from model_gateway.gateway.inference.output_limit import Delivered, past_the_limit
 from model_gateway.gateway.inference.passthrough import ChatPassThrough
 from model_gateway.gateway.inference.renderers import (
@@ -39,6 +67,8 @@ from model_gateway.gateway.inference.streaming import Upstream, open_stream
 from model_gateway.gateway.inference.tokens import (
     chat_prompt_text,
     completion_text,
+    estimate_tokens,
+    messages_prompt_text,
     response_text,
     responses_prompt_text,
 )
@@ -59,6 +89,7 @@ from model_gateway.gateway.metering.pricing import (
     output_limit,
 )
 from model_gateway.gateway.providers import Provider, Providers, ResponsesUnsupported
+from model_gateway.gateway.providers.sse_blocks import parse_checked
 from model_gateway.gateway.providers.upstream import Acceptance
 from model_gateway.gateway.routing.attempts import attempt_chain, stream_ended
 from model_gateway.pipeline.context import Billing
@@ -78,6 +109,7 @@ _JSON = JSON_CONTENT_TYPE.decode()
 _CHAT_LIMITS = ("max_completion_tokens", "max_tokens")
 
 E = TypeVar("E")  # an upstream stream's events
+T = TypeVar("T")  # an upstream's whole answer
 
 
 def upstream_chat(
@@ -135,7 +167,7 @@ def _asked(ctx: RequestContext) -> str:
 
 
 def _held_output(ctx: RequestContext) -> int:
-    payload: ChatRequest | ResponsesRequest = ctx.payload
+    payload: ChatRequest | ResponsesRequest | MessagesRequest = ctx.payload
     _, model = _served(ctx)
     return held_output_tokens(payload.output_limit, model.max_output_tokens)
 
@@ -146,15 +178,14 @@ def _delivered(ctx: RequestContext) -> Delivered:
 
 
 def _respond(
-    ctx: RequestContext, payload: JSONObject, counts: dict[str, Any], prompt: Prompt, output: Text
+    ctx: RequestContext, raw: bytes, counts: dict[str, Any], prompt: Prompt, output: Text
 ) -> Response:
-    """A whole answer, billed by the reported `counts` as `usage.billing` checks them;
-    one past the held output is the upstream's failure, billed its input only."""
+    """A whole answer (its JSON), billed by the reported `counts` as `usage.billing`
+    checks them; one past the held output is the upstream's failure, billed its input only."""
     usage, source = billed_usage(counts, prompt, output)
     if usage["output_tokens"] > _held_output(ctx):
         ctx.billing = Billing("failed", {**usage, "output_tokens": 0}, None, source)
         raise past_the_limit()
-    raw = orjson.dumps(payload)
     ctx.billing = Billing("succeeded", usage, hashlib.sha256(raw).hexdigest(), source)
     return Response(raw, media_type=_JSON)
 
@@ -187,16 +218,33 @@ class InferenceHandlers:
                 pricing=InferencePricing(),
                 mode="chat",
             ),
+            Endpoint(
+                "POST",
+                "/v1/messages",
+                "inference",
+                self.messages,
+                decode=decoder(MessagesRequest),
+                pricing=InferencePricing(),
+                mode="chat",
+            ),
+            Endpoint(  # never billed: no pricing, no hold, no receipt
+                "POST",
+                "/v1/messages/count_tokens",
+                "inference",
+                self.count_tokens,
+                decode=decoder(CountTokensRequest),
+                mode="chat",
+            ),
         ]
 
     async def _call(
         self,
         ctx: RequestContext,
         provider: Provider,
-        call: Awaitable[JSONObject],
+        call: Awaitable[T],
         acceptance: Acceptance,
         prompt: Prompt,
-    ) -> JSONObject:
+    ) -> T:
         """Await one whole upstream answer within the gateway timeout."""
         started = time.perf_counter()
         bound = WaitBound(self.timeout_s)  # 3.6 µs a request on uvloop, asyncio.timeout 6.5
@@ -258,7 +306,7 @@ class InferenceHandlers:
         completion["model"] = _asked(ctx)
         output = functools.partial(completion_text, completion)  # read only if a count is missing
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
-        return _respond(ctx, completion, counts, prompt, output)
+        return _respond(ctx, orjson.dumps(completion), counts, prompt, output)
 
     async def responses(self, ctx: RequestContext) -> Response:
         payload: ResponsesRequest = ctx.payload
@@ -315,7 +363,7 @@ class InferenceHandlers:
         result["model"] = _asked(ctx)
         output = functools.partial(response_text, result)
         counts = _show_billed(result, RESPONSES_KEYS, prompt, output)
-        return _respond(ctx, result, counts, prompt, output)
+        return _respond(ctx, orjson.dumps(result), counts, prompt, output)
 
     async def _translated_responses(
         self,
@@ -344,4 +392,98 @@ class InferenceHandlers:
         output = functools.partial(completion_text, completion, reasoning=False)
         counts = _show_billed(completion, CHAT_KEYS, prompt, output)
         result = response_from_chat(completion, request)
-        return _respond(ctx, result, counts, prompt, output)
+        return _respond(ctx, orjson.dumps(result), counts, prompt, output)
+
+    async def messages(self, ctx: RequestContext) -> ASGIApp:
+        # As the client sent it: an Anthropic upstream gets it so (messages_upstream).
+        request: JSONObject = parse_checked(ctx.body)
+        prompt = Prompt(messages_prompt_text(request), len(ctx.body))
+
+        async def serve(headers: Headers) -> Response:
+            beta = anthropic_beta(headers)
+
+            async def attempt(provider: Provider, upstream: str) -> Response:
+                if provider.native_messages:
+                    return await self._native_messages(
+                        ctx, provider, upstream, request, prompt, beta
+                    )
+                return await self._translated_messages(ctx, provider, upstream, request, prompt)
+
+            return await attempt_chain(ctx, self.providers, self.metrics, attempt)
+
+        return AfterHeaders(ctx, serve)
+
+    async def _native_messages(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream_model: str,
+        request: JSONObject,
+        prompt: Prompt,
+        beta: str | None,
+    ) -> Response:
+        payload: MessagesRequest = ctx.payload
+        model_id, model = _served(ctx)
+        body = upstream_messages(request, model, model_id, upstream_model)
+        acceptance = Acceptance()
+        if payload.stream:
+            events = provider.messages_events(body, acceptance, beta)
+            upstream = self._upstream(ctx, provider, events, acceptance)
+            renderer = MessagesPassThrough(_asked(ctx), prompt, _delivered(ctx))
+            return await open_stream(ctx, upstream, renderer, prompt)
+        call = provider.messages(body, acceptance, beta)
+        answer = await self._call(ctx, provider, call, acceptance, prompt)
+        output = functools.partial(native_output, answer.message)
+        counts = native_counts(answer.message.get("usage"))
+        raw = native_body(answer, _asked(ctx), prompt, output)
+        return _respond(ctx, raw, counts, prompt, output)
+
+    async def _translated_messages(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream_model: str,
+        request: JSONObject,
+        prompt: Prompt,
+    ) -> Response:
+        payload: MessagesRequest = ctx.payload
+        model_id, model = _served(ctx)
+        chat = chat_from_messages(request)
+        body = upstream_chat(chat, model, model_id, stream=payload.stream, upstream=upstream_model)
+        acceptance = Acceptance()
+        if payload.stream:
+            chunks = provider.chat_stream(body, acceptance)
+            upstream = self._upstream(ctx, provider, chunks, acceptance)
+            renderer = TranslatedMessagesRenderer(_asked(ctx), prompt, _delivered(ctx))
+            return await open_stream(ctx, upstream, renderer, prompt)
+        call = provider.chat(body, acceptance)
+        completion = await self._call(ctx, provider, call, acceptance, prompt)
+        # Chat reasoning has no block in a Message: neither sent nor counted.
+        output = functools.partial(completion_text, completion, reasoning=False)
+        usage = completion.get("usage")
+        counts = reported(usage, CHAT_KEYS)
+        billed, _ = billed_usage(counts, prompt, output)
+        message = message_from_chat(
+            completion, _asked(ctx), anthropic_usage(billed, *chat_cache_counts(usage))
+        )
+        return _respond(ctx, orjson.dumps(message), counts, prompt, output)
+
+    async def count_tokens(self, ctx: RequestContext) -> ASGIApp:
+        request: JSONObject = parse_checked(ctx.body)
+        prompt = Prompt(messages_prompt_text(request), len(ctx.body))
+
+        async def serve(headers: Headers) -> Response:
+            beta = anthropic_beta(headers)
+
+            async def attempt(provider: Provider, upstream: str) -> Response:
+                model_id, model = _served(ctx)
+                body = upstream_messages(request, model, model_id, upstream)
+                acceptance = Acceptance()
+                call = provider.count_tokens(body, acceptance, beta)
+                counted = await self._call(ctx, provider, call, acceptance, prompt)
+                tokens = estimate_tokens(prompt.text) if counted is None else counted
+                return Response(orjson.dumps({"input_tokens": tokens}), media_type=_JSON)
+
+            return await attempt_chain(ctx, self.providers, self.metrics, attempt)
+
+        return AfterHeaders(ctx, serve)

@@ -65,14 +65,35 @@ def _size(chunk: ChatChunk) -> int:
     return size
 
 
+class Renamer:
+    """Puts the gateway's model id in place of the upstream's name in an event's bytes."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self._ours = b'"model":' + orjson.dumps(model_id)
+        self._upstream_name: str | None = None
+        self._theirs = b""  # `"model":"<upstream name>"`
+
+    def renamed(self, block: bytes, model: Any) -> bytes | None:
+        """`block` naming the model as the client asked for it, or None: re-render it (the
+        name is not a string, or not found exactly once)."""
+        if model == self.model_id:
+            return block
+        if type(model) is not str:
+            return None
+        if model != self._upstream_name:
+            self._upstream_name, self._theirs = model, b'"model":' + orjson.dumps(model)
+        if block.count(self._theirs) != 1:
+            return None
+        return block.replace(self._theirs, self._ours)
+
+
 class ChatPassThrough(ChatStream):
     def __init__(
         self, model_id: str, include_usage: bool, prompt: Prompt, delivered: Delivered
     ) -> None:
         super().__init__(model_id, include_usage, prompt, delivered)
-        self._ours = b'"model":' + orjson.dumps(model_id)
-        self._upstream_name: str | None = None
-        self._theirs = b""  # `"model":"<upstream name>"`
+        self._renamer = Renamer(model_id)
 
     def feed(self, batch: list[ChatEvent]) -> bytes:
         out: list[bytes] = []
@@ -105,15 +126,4 @@ class ChatPassThrough(ChatStream):
             if usage is not None or block.count(_NULL_USAGE) != 1:
                 return None
             block = block.replace(_NULL_USAGE, b"")
-        return self._renamed(block, chunk.model)
-
-    def _renamed(self, block: bytes, model: Any) -> bytes | None:
-        if model == self.model_id:
-            return block
-        if type(model) is not str:
-            return None
-        if model != self._upstream_name:
-            self._upstream_name, self._theirs = model, b'"model":' + orjson.dumps(model)
-        if block.count(self._theirs) != 1:
-            return None
-        return block.replace(self._theirs, self._ours)
+        return self._renamer.renamed(block, chunk.model)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from model_gateway.gateway.inference.json_types import JSONObject
 
@@ -96,6 +98,37 @@ def responses_prompt_text(request: JSONObject) -> str:
                 value = item.get(name)
                 if isinstance(value, str):
                     parts.append(value)
+    return "\n".join(part for part in parts if part)
+
+
+def _block_text(block: Any) -> str:
+    """What a Messages content block asks the model to read: its text (or thinking), a
+    tool call's name and input, a tool result's content."""
+    if not isinstance(block, dict):
+        return ""
+    kind = block.get("type")
+    if kind == "tool_use":
+        return text_of(block.get("name")) + orjson.dumps(block.get("input")).decode()
+    if kind == "tool_result":
+        return messages_content_text(block.get("content"))
+    return text_of(block.get("text")) + text_of(block.get("thinking"))
+
+
+def messages_content_text(content: Any) -> str:
+    """The text of a Messages content: a string, or its blocks' (`_block_text`)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(filter(None, (_block_text(block) for block in content or ())))
+
+
+def messages_prompt_text(request: JSONObject) -> str:
+    """Everything a Messages request asks the model to read: the system prompt, the
+    messages, and the tools it offers (names, descriptions, input schemas)."""
+    parts = [messages_content_text(request.get("system"))]
+    parts += (messages_content_text(message.get("content")) for message in request["messages"])
+    for tool in request.get("tools") or ():
+        parts += (text_of(tool.get("name")), text_of(tool.get("description")))
+        parts.append(orjson.dumps(tool.get("input_schema")).decode())
     return "\n".join(part for part in parts if part)
 
 

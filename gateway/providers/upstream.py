@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from aiohttp.tracing import Trace
 
     from model_gateway.gateway.inference.json_types import JSONObject
+    from model_gateway.gateway.providers.anthropic.messages_events import (
+        MessagesStreamEvent,
+        NativeAnswer,
+    )
     from model_gateway.gateway.providers.chat_events import ChatEvent
     from model_gateway.gateway.providers.responses_events import ResponsesStreamEvent
 
@@ -117,6 +121,32 @@ class Provider:
         """A native Responses stream in batches of checked events
         (responses_events.NativeResponsesEvents)."""
         raise ResponsesUnsupported
+
+    # True: the upstream speaks Anthropic's Messages API, and /v1/messages passes through
+    # it (`messages`, `messages_events`); False: it is translated to chat. `count_tokens`
+    # is asked of every provider.
+    native_messages = False
+
+    async def messages(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> NativeAnswer:
+        """One Messages request passed through (`model` the upstream name; `beta` the
+        client's anthropic-beta header), answered whole: its bytes, and its shape checked."""
+        raise NotImplementedError
+
+    def messages_events(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> AsyncGenerator[list[MessagesStreamEvent]]:
+        """A Messages stream passed through, in batches of checked events
+        (anthropic.messages_events.NativeMessagesEvents)."""
+        raise NotImplementedError
+
+    async def count_tokens(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> int | None:
+        """The input tokens of a Messages request by the upstream's own count; None when it
+        has none (the gateway then estimates)."""
+        return None
 
 
 class UpstreamFailure(ProviderError):

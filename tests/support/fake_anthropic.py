@@ -1,13 +1,23 @@
 """A fake Anthropic Messages upstream (see fake_upstream for its fault modes).
 
 It checks the protocol's headers (x-api-key, anthropic-version) and the shapes the
-Messages API insists on (alternating roles, a max_tokens, no system role in messages).
+Messages API insists on (alternating roles, a max_tokens, no system role in messages),
+and records every request with its headers (anthropic-beta among them).
+`/v1/messages/count_tokens` answers COUNTED_TOKENS for any request. Modes of this fake:
+
+| model        | non-streaming                       | streaming                           |
+|--------------|-------------------------------------|-------------------------------------|
+| cache        | usage with cache reads and writes   | the same, in message_start          |
+| stream-error | normal                              | two text events, then an in-band    |
+|              |                                     | `error` event with SECRET in it     |
+| long         | LONG_PIECES as the text             | the same, a delta each              |
 """
 
 from __future__ import annotations
 
 import itertools
 
+import orjson
 from aiohttp import web
 
 from tests.support.fake_upstream import (
@@ -15,12 +25,28 @@ from tests.support.fake_upstream import (
     MALFORMED,
     OUTPUT_TOKENS,
     REPLY_PIECES,
+    SECRET,
     FakeUpstream,
     sse,
     usage_for,
 )
 
 TOOL_INPUT_PARTS = ['{"city":', ' "Paris"}']
+COUNTED_TOKENS = 4242  # what count_tokens answers: no estimate of the gateway's says so
+# `cache`: beside its INPUT_TOKENS (uncached), the prompt read and wrote these from cache.
+CACHE_READS, CACHE_WRITES = 7, 3
+CACHE, STREAM_ERROR, LONG = "cache", "stream-error", "long"
+LONG_PIECES = [f"Piece {n} of a long answer that goes on and on. " for n in range(60)]
+
+
+def _usage(model: str, output_tokens: int) -> dict:
+    usage = {"input_tokens": INPUT_TOKENS, "output_tokens": output_tokens}
+    if model == CACHE:
+        usage |= {
+            "cache_read_input_tokens": CACHE_READS,
+            "cache_creation_input_tokens": CACHE_WRITES,
+        }
+    return usage_for(model, usage)
 
 
 def _problem(body: dict) -> str | None:
@@ -47,6 +73,8 @@ def _reply(body: dict) -> tuple[list[str], str, dict | None]:
         return ["Let me check."], "tool_use", block
     if model == "length":
         return REPLY_PIECES[:2], "max_tokens", None
+    if model == LONG:
+        return LONG_PIECES, "end_turn", None
     return REPLY_PIECES, "end_turn", None
 
 
@@ -56,24 +84,46 @@ class FakeAnthropic(FakeUpstream):
         self.credential = credential
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/messages", self.messages), web.post("/stolen", self.stolen)]
+        return [
+            web.post("/v1/messages", self.messages),
+            web.post("/v1/messages/count_tokens", self.count_tokens),
+            web.post("/stolen", self.stolen),
+        ]
 
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        body = await self.record(request)
+    def _refusal(self, request: web.Request, problem: str | None) -> web.Response | None:
+        """What the real API answers a request without its credential or version."""
         if request.headers.get("x-api-key") != self.credential:
             error = {"type": "authentication_error", "message": "invalid x-api-key"}
             return web.json_response({"type": "error", "error": error}, status=401)
-        problem = None if request.headers.get("anthropic-version") else "no anthropic-version"
-        problem = problem or _problem(body)
+        if not request.headers.get("anthropic-version"):
+            problem = "no anthropic-version"
         if problem:
             error = {"type": "invalid_request_error", "message": problem}
             return web.json_response({"type": "error", "error": error}, status=400)
+        return None
+
+    async def answer(self, request: web.Request, model: str, payload: dict) -> web.StreamResponse:
+        """As the API answers: compact JSON (the faults of fake_upstream's alike)."""
+        if model in ("cut-mid-stream", "stall-after-accept"):
+            return await super().answer(request, model, payload)
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        body = await self.record(request)
+        refusal = self._refusal(request, None if body.get("messages") else "messages required")
+        return refusal or web.json_response({"input_tokens": COUNTED_TOKENS})
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self.record(request)
+        refusal = self._refusal(request, _problem(body))
+        if refusal is not None:
+            return refusal
         model = body["model"]
         early = await self.before_answer(request, model)
         if early is not None:
             return early
         pieces, stop_reason, tool = _reply(body)
-        usage = usage_for(model, {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS})
+        usage = _usage(model, OUTPUT_TOKENS)
         if not body.get("stream"):
             content = [{"type": "text", "text": "".join(pieces)}]
             if tool:
@@ -100,7 +150,7 @@ class FakeAnthropic(FakeUpstream):
             "model": model,
             "content": [],
             "stop_reason": None,
-            "usage": usage_for(model, {"input_tokens": INPUT_TOKENS, "output_tokens": 1}),
+            "usage": _usage(model, 1),
         }
         events = [
             event("message_start", message=start),
@@ -134,4 +184,7 @@ class FakeAnthropic(FakeUpstream):
             event("message_delta", delta={"stop_reason": stop_reason}, usage=delta_usage),
             event("message_stop"),
         ]
+        if model == STREAM_ERROR:  # after two text events, as the API reports overload
+            error = {"type": "overloaded_error", "message": f"Overloaded: {SECRET}"}
+            events[4:] = [event("error", error=error)]
         return await self.stream(request, model, events, text_from=2)

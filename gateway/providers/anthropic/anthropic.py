@@ -1,28 +1,41 @@
-"""Anthropic's Messages API, spoken to the gateway as Chat Completions.
+"""Anthropic's Messages API, spoken to the gateway as Chat Completions, and passed through
+as it is for /v1/messages (`native_messages`).
 
-The translation itself is in `anthropic_messages`; this module is the HTTP side.
+The translation itself is in `anthropic_messages`, the pass-through stream's reader in
+`messages_events`; this module is the HTTP side.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+import aiohttp
+
 from model_gateway.gateway.config import ProviderConfig
+from model_gateway.gateway.inference.usage import token_count
 from model_gateway.gateway.providers.anthropic.anthropic_messages import (
     ChunkTranslator,
     chat_completion,
     messages_request,
 )
+from model_gateway.gateway.providers.anthropic.messages_events import (
+    MessagesStreamEvent,
+    NativeAnswer,
+    NativeMessagesEvents,
+)
 from model_gateway.gateway.providers.shapes import MessagesAnswer, MessagesEvent, checked
 from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
+    ResponsesUnsupported,
     drained,
     parse_json,
     reported_error,
     stream_ended_early,
+    unreachable,
 )
 
 if TYPE_CHECKING:
@@ -30,9 +43,23 @@ if TYPE_CHECKING:
 
 API_VERSION = "2023-06-01"
 
+# The client's anthropic-beta header, for the pass-through request being sent (set around
+# the send only: HttpProvider's request headers are the provider's, `signed_headers`).
+_BETA: ContextVar[str | None] = ContextVar("anthropic_beta", default=None)
+
+
+@contextlib.contextmanager
+def _beta(value: str | None) -> Iterator[None]:
+    token = _BETA.set(value)
+    try:
+        yield
+    finally:
+        _BETA.reset(token)
+
 
 class AnthropicProvider(HttpProvider):
     kind = "anthropic"
+    native_messages = True
 
     def __init__(self, name: str, config: ProviderConfig) -> None:
         super().__init__(name, config)
@@ -44,6 +71,9 @@ class AnthropicProvider(HttpProvider):
         credential = self.config.credential()
         if credential:
             headers["x-api-key"] = credential
+        beta = _BETA.get()
+        if beta:
+            headers["anthropic-beta"] = beta
         return headers
 
     async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
@@ -68,3 +98,52 @@ class AnthropicProvider(HttpProvider):
                     break
         if not translator.done:
             raise stream_ended_early(self.name)
+
+    async def messages(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> NativeAnswer:
+        with _beta(beta):
+            response = await self._post(self.path, request, acceptance)
+        try:
+            data = await self._answer(response)  # its bytes: passed on as they came
+        except (aiohttp.ClientError, OSError) as exc:
+            raise unreachable(self.name, exc) from None
+        finally:
+            response.close()
+        message = checked(self.name, parse_json(self.name, data), MessagesAnswer)
+        return NativeAnswer(data, message)
+
+    async def messages_events(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> AsyncGenerator[list[MessagesStreamEvent]]:
+        events = NativeMessagesEvents(self.name)
+        reads = self.post_stream(self.path, {**request, "stream": True}, acceptance)
+        async with contextlib.aclosing(reads):
+            with _beta(beta):  # the request goes out with the first read
+                read = await anext(reads, None)
+            while read is not None:
+                batch, failure = events.feed(read)
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
+                if events.done:
+                    await drained(reads)
+                    break
+                read = await anext(reads, None)
+        if not events.complete:
+            raise stream_ended_early(self.name)
+
+    async def count_tokens(
+        self, request: JSONObject, acceptance: Acceptance, beta: str | None
+    ) -> int | None:
+        """The upstream's own count; None (the gateway estimates) when it has no such
+        endpoint (an Anthropic-compatible server) or its count is none."""
+        try:
+            with _beta(beta):
+                answer = await self.post_json(
+                    self.path + "/count_tokens", request, acceptance, optional_endpoint=True
+                )
+        except ResponsesUnsupported:
+            return None
+        return token_count(answer.get("input_tokens"))

@@ -175,6 +175,14 @@ def chat_usage(usage: Any) -> JSONObject:
     }
 
 
+def merge_usage(merged: JSONObject, usage: Any) -> None:
+    """Add a stream event's usage to what the stream reported so far. Later events repeat
+    the counts they change; null is "not reported here", while any other value, even no
+    count, is kept for `chat_usage` to judge."""
+    if isinstance(usage, dict):
+        merged.update({key: value for key, value in usage.items() if value is not None})
+
+
 def chat_completion(message: JSONObject, model: str) -> JSONObject:
     """A Messages answer as a chat completion."""
     content = message.get("content") or []
@@ -240,10 +248,7 @@ class ChunkTranslator:
         }
 
     def _count(self, usage: Any) -> None:
-        # Later events repeat the counts they change; null is "not reported here", while
-        # any other value, even no count, is kept for chat_usage to judge.
-        if isinstance(usage, dict):
-            self.usage.update({key: value for key, value in usage.items() if value is not None})
+        merge_usage(self.usage, usage)
 
     def feed(self, event: JSONObject) -> list[JSONObject]:
         kind = event.get("type")
