@@ -86,6 +86,7 @@ async def projects_create(args: argparse.Namespace, admin: AdminContext) -> Reco
         name=args.name,
         monthly_budget=args.budget,
         rpm=args.rpm,
+        tpm=args.tpm,
         allow_models=csv(args.allow_models),
         exclude_models=csv(args.exclude_models),
         balance=args.balance,
@@ -129,6 +130,7 @@ async def keys_create(args: argparse.Namespace, admin: AdminContext) -> Record:
         monthly_limit=args.monthly_limit,
         expires_at=args.expires_at,
         rpm=args.rpm,
+        tpm=args.tpm,
     )
     return {"key": created.secret, **await key_view(admin, created.record)}
 
@@ -208,6 +210,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=parse_amount_arg, help="monthly budget, e.g. 25.00")
     p.add_argument("--balance", type=parse_amount_arg, help="initial development credit")
     p.add_argument("--rpm", type=positive_int)
+    p.add_argument("--tpm", type=positive_int, help="tokens per minute (input + output)")
     p.add_argument("--allow-models", help="comma-separated allowlist")
     p.add_argument("--exclude-models", help="comma-separated exclusions")
     p.set_defaults(action_fn=projects_create)
@@ -230,6 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--monthly-limit", type=parse_amount_arg)
     p.add_argument("--expires-at", type=parse_time, help="ISO 8601, e.g. 2027-01-01T00:00:00Z")
     p.add_argument("--rpm", type=positive_int)
+    p.add_argument("--tpm", type=positive_int, help="tokens per minute (input + output)")
     p.set_defaults(action_fn=keys_create)
     p = keys_cmd.add_parser("revoke", parents=[common])
     p.add_argument("prefix", metavar="PREFIX_OR_KEY", help="the public prefix, or the whole key")

@@ -123,18 +123,22 @@ def _or_none(parse: Callable[[str], _T]) -> Callable[[str], _T | None]:
 
 
 # The flags of `projects update` and `keys update`, in the order the changes list them.
-_PROJECT_FLAGS: tuple[Literal["monthly_budget", "rpm", "allow_models", "exclude_models"], ...] = (
+_PROJECT_FLAGS: tuple[
+    Literal["monthly_budget", "rpm", "tpm", "allow_models", "exclude_models"], ...
+] = (
     "monthly_budget",
     "rpm",
+    "tpm",
     "allow_models",
     "exclude_models",
 )
-_KEY_FLAGS: tuple[Literal["name", "models", "monthly_limit", "expires_at", "rpm"], ...] = (
+_KEY_FLAGS: tuple[Literal["name", "models", "monthly_limit", "expires_at", "rpm", "tpm"], ...] = (
     "name",
     "models",
     "monthly_limit",
     "expires_at",
     "rpm",
+    "tpm",
 )
 
 
@@ -177,6 +181,7 @@ def _update_parsers(groups: Mapping[str, _Parser], common: _Parser) -> None:
         "--budget", dest="monthly_budget", type=_or_none(parse_amount_arg), default=absent
     )
     p.add_argument("--rpm", type=_or_none(positive_int), default=absent)
+    p.add_argument("--tpm", type=_or_none(positive_int), default=absent)
     p.add_argument("--allow-models", dest="allow_models", type=csv_or_none, default=absent)
     p.add_argument("--exclude-models", dest="exclude_models", type=csv_or_none, default=absent)
     p.set_defaults(action_fn=projects_update)
@@ -189,6 +194,7 @@ def _update_parsers(groups: Mapping[str, _Parser], common: _Parser) -> None:
     )
     p.add_argument("--expires-at", dest="expires_at", type=_or_none(parse_time), default=absent)
     p.add_argument("--rpm", type=_or_none(positive_int), default=absent)
+    p.add_argument("--tpm", type=_or_none(positive_int), default=absent)
     p.set_defaults(action_fn=keys_update)
 
 

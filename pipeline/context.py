@@ -66,6 +66,7 @@ class RequestContext:
     payload: Any = None  # policy: the decoded request, of the endpoint's own type
     model_id: str | None = None  # policy
     model: ModelInfo | None = None  # policy
+    rate_limited: str | None = None  # rate limit: the limit that refused, "rpm" or "tpm"
     receipt_id: str | None = None  # reservation: allocated before dispatch (x-receipt-id)
     hold: Hold | None = None  # reservation, which also closes it on every exit path
     billing: Billing | None = None  # the handler; None: nothing billable ran

@@ -33,6 +33,7 @@ class Key:
     scopes: frozenset[str]
     models: list[str] | None = None
     rpm: int | None = None
+    tpm: int | None = None
     monthly_limit: int | None = None  # micro-units
     revoked: bool = False
 
@@ -41,6 +42,7 @@ class Key:
 class Project:
     id: str
     rpm: int | None = None
+    tpm: int | None = None
     allow_models: list[str] | None = None
     exclude_models: list[str] = field(default_factory=list)
     archived: bool = False

@@ -8,7 +8,7 @@ tests and for hosts that embed the chain without a database. Both pass one contr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from model_gateway.pipeline.context import RequestContext, Settlement
 
@@ -24,6 +24,8 @@ class KeyInfo(Protocol):
     def models(self) -> list[str] | None: ...  # None: every model the project allows
     @property
     def rpm(self) -> int | None: ...  # None: the configured default
+    @property
+    def tpm(self) -> int | None: ...  # tokens per minute; None: no token limit
 
 
 class ProjectInfo(Protocol):
@@ -33,6 +35,8 @@ class ProjectInfo(Protocol):
     def id(self) -> str: ...
     @property
     def rpm(self) -> int | None: ...
+    @property
+    def tpm(self) -> int | None: ...
     @property
     def allow_models(self) -> list[str] | None: ...
     @property
@@ -87,11 +91,32 @@ class ModelCatalog(Protocol):
     def available(self, model: ModelInfo) -> bool: ...
 
 
+# A bucket as a request takes from it: (its name, its units per minute, the units taken:
+# 1 a request, or a request's tokens; at most the units per minute).
+Take = tuple[str, int, int]
+
+
+class Verdict(NamedTuple):
+    wait_s: int  # 0: taken; else the whole seconds until it would be (at least 1)
+    refused: int  # the index of the bucket that waits longest; -1 when taken
+
+
+ADMITTED = Verdict(0, -1)
+
+
 class RateLimiter(Protocol):
-    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
-        """Take one request from every (name, rpm) bucket, or from none; 0, or the whole
-        seconds to wait. A limiter that cannot decide raises a GatewayError (the shared
-        store does not answer: ServiceUnavailable), which is the request's answer."""
+    """Weighted GCRA buckets (pipeline/gcra.py says the rule every limiter follows)."""
+
+    async def acquire(self, buckets: Sequence[Take]) -> Verdict:
+        """Take the units from every bucket, or from none. A limiter that cannot decide
+        raises a GatewayError (the shared store does not answer: ServiceUnavailable),
+        which is the request's answer."""
+        ...
+
+    async def give_back(self, buckets: Sequence[Take]) -> None:
+        """Give the units back to every bucket, never beyond a full bucket; negative units
+        are taken whatever the bucket holds (a request that used more than it took).
+        Raises a GatewayError when the shared store does not answer."""
         ...
 
 

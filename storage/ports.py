@@ -75,7 +75,7 @@ class AccountsPort(Protocol):
 
     @abc.abstractmethod
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
-        """Change monthly_budget, rpm, allow_models, exclude_models of an active project
+        """Change monthly_budget, rpm, tpm, allow_models, exclude_models of an active project
         (RecordNotFound, StateConflict when archived)."""
 
     @abc.abstractmethod
@@ -96,7 +96,7 @@ class AccountsPort(Protocol):
 
     @abc.abstractmethod
     async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
-        """Change name, models, monthly_limit, expires_at, rpm of a usable key
+        """Change name, models, monthly_limit, expires_at, rpm, tpm of a usable key
         (RecordNotFound, StateConflict when revoked)."""
 
     @abc.abstractmethod
@@ -538,18 +538,27 @@ class ClusterPort(Protocol):
 
 
 class RateLimitPort(Protocol):
-    """Requests per minute shared by every instance (PostgreSQL only, migration 0008; not
-    part of `Storage`: gateway/ratelimit/limiters.py asks for it by name (_shares_rate_limits))."""
+    """Rate-limit buckets shared by every instance (PostgreSQL only, migration 0018; not
+    part of `Storage`: gateway/ratelimit/limiters.py asks for it by name
+    (_shares_rate_limits)). Weighted GCRA, the rule of pipeline/gcra.py; buckets are
+    (name, units per minute, units) as `pipeline.ports.Take`."""
 
     @abc.abstractmethod
     async def take_rate_limits(
-        self, buckets: list[tuple[str, int]], at_us: int | None = None
-    ) -> int:
-        """Take one request from every (name, rpm) bucket or from none, in one statement on
-        the database's clock (`at_us`: a given time instead, for tests): 0, or the whole
-        seconds to wait."""
+        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
+    ) -> tuple[int, int]:
+        """Take the units from every bucket or from none, in one statement on the
+        database's clock (`at_us`: a given time instead, for tests): (0, -1), or (the whole
+        seconds to wait, the index of the bucket that waits longest)."""
+
+    @abc.abstractmethod
+    async def give_back_rate_limits(
+        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
+    ) -> None:
+        """Give the units back to every bucket (never beyond full; negative units are
+        taken whatever the bucket holds), in one statement."""
 
     @abc.abstractmethod
     async def prune_rate_limits(self) -> int:
-        """Delete buckets whose arrival time is past (the same as no row); rows a request
+        """Delete buckets that are full again (the same as no row); rows a request
         holds are skipped, never waited for. Returns how many went."""

@@ -25,6 +25,7 @@ class ProjectRecord(msgspec.Struct, kw_only=True):
     state: str = "active"  # active | archived
     monthly_budget: int | None = None  # micro-units; None: no budget
     rpm: int | None = None  # None: the configured default
+    tpm: int | None = None  # tokens per minute; None: no token limit
     allow_models: list[str] | None = None  # None: every model
     exclude_models: list[str] = []
     created_at: int = 0  # unix seconds
@@ -40,6 +41,7 @@ class KeyRecord(msgspec.Struct, kw_only=True):
     monthly_limit: int | None = None  # micro-units
     expires_at: int | None = None  # unix seconds
     rpm: int | None = None
+    tpm: int | None = None
     state: str = "usable"  # usable | revoked
     created_at: int = 0
 

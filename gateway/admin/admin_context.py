@@ -26,6 +26,18 @@ class InvalidChange(Exception):
         self.param = param
 
 
+# The most tokens per minute a limit may be: storage's INTEGER column, and well within the
+# whole numbers every rate limiter computes exactly (pipeline/gcra.py).
+MAX_TPM = 2**31 - 1
+
+
+def check_tpm(tpm: object) -> None:
+    """A tokens-per-minute limit is unset or a whole number in 1..MAX_TPM (InvalidChange
+    naming `tpm` otherwise)."""
+    if tpm is not None and (type(tpm) is not int or not 0 < tpm <= MAX_TPM):
+        raise InvalidChange(f"must be a positive integer, at most {MAX_TPM}", "tpm")
+
+
 class NotPermitted(Exception):
     """A change this deployment does not allow (development credit in production)."""
 

@@ -40,6 +40,7 @@ class ProjectView(TypedDict):
     reserved: str
     leased: str
     rpm: int | None
+    tpm: int | None
     allow_models: list[str] | None
     exclude_models: list[str]
     created_at: str | None
@@ -55,6 +56,7 @@ class KeyView(TypedDict):
     month_spend: str
     expires_at: str | None
     rpm: int | None
+    tpm: int | None
     state: str  # usable | revoked | expired
     created_at: str | None
 
@@ -101,6 +103,7 @@ async def project_view(admin: AdminContext, project: ProjectRecord) -> ProjectVi
         "reserved": format_amount(account.reserved),
         "leased": format_amount(account.leased),
         "rpm": project.rpm,
+        "tpm": project.tpm,
         "allow_models": project.allow_models,
         "exclude_models": project.exclude_models,
         "created_at": iso(project.created_at),
@@ -119,6 +122,7 @@ async def key_view(admin: AdminContext, key: KeyRecord) -> KeyView:
         "month_spend": format_amount(await admin.storage.key_month_spend(key.id, admin.month())),
         "expires_at": iso(key.expires_at),
         "rpm": key.rpm,
+        "tpm": key.tpm,
         "state": "expired" if key.state == "usable" and expired else key.state,
         "created_at": iso(key.created_at),
     }

@@ -10,6 +10,7 @@ from model_gateway.gateway.admin.admin_context import (
     AdminContext,
     ConfirmedChange,
     InvalidChange,
+    check_tpm,
     confirmed,
 )
 from model_gateway.gateway.admin.money_admin import active_project
@@ -31,6 +32,7 @@ class KeyChanges(TypedDict, total=False):
     monthly_limit: int | None
     expires_at: int | None  # unix seconds
     rpm: int | None
+    tpm: int | None
 
 
 async def create_key(
@@ -42,10 +44,12 @@ async def create_key(
     monthly_limit: int | None = None,
     expires_at: int | None = None,
     rpm: int | None = None,
+    tpm: int | None = None,
     name: str | None = None,
 ) -> CreatedKey:
     """A new key of an active project (RecordNotFound, StateConflict). `scopes` are valid
     ones (gateway.keys.parse_scopes); `expires_at` in the past is refused."""
+    check_tpm(tpm)
     if expires_at is not None and expires_at <= now_s():
         raise InvalidChange("is in the past: the key would never work", "expires_at")
     await active_project(admin, project_id)
@@ -61,6 +65,7 @@ async def create_key(
         monthly_limit=monthly_limit,
         expires_at=expires_at,
         rpm=rpm,
+        tpm=tpm,
         created_at=now_s(),
     )
     created = await admin.storage.create_key(record)
@@ -73,6 +78,7 @@ async def update_key(
     admin: AdminContext, prefix: str, changes: KeyChanges
 ) -> ConfirmedChange[KeyRecord]:
     """Change a usable key (RecordNotFound, StateConflict when revoked)."""
+    check_tpm(changes.get("tpm"))
     return await confirmed(admin, await admin.storage.update_key(prefix, dict(changes)))
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from model_gateway.gateway.admin.admin_context import AdminContext, ConfirmedChange, confirmed
+from model_gateway.gateway.admin.admin_context import (
+    AdminContext,
+    ConfirmedChange,
+    check_tpm,
+    confirmed,
+)
 from model_gateway.gateway.admin.money_admin import add_credit, check_credit_permitted
 from model_gateway.storage.base import ProjectRecord, new_id, now_s
 
@@ -14,6 +19,7 @@ class ProjectLimits(TypedDict, total=False):
 
     monthly_budget: int | None
     rpm: int | None
+    tpm: int | None
     allow_models: list[str] | None
     exclude_models: list[str] | None  # None: no exclusions
 
@@ -30,12 +36,14 @@ async def create_project(
     name: str,
     monthly_budget: int | None = None,
     rpm: int | None = None,
+    tpm: int | None = None,
     allow_models: list[str] | None = None,
     exclude_models: list[str] | None = None,
     balance: int | None = None,
 ) -> ProjectRecord:
     """A new active project; a `balance` is development credit (NotPermitted in
     production, refused before the project exists: never half-made)."""
+    check_tpm(tpm)
     if balance:
         check_credit_permitted(admin)
     project = ProjectRecord(
@@ -43,6 +51,7 @@ async def create_project(
         name=name,
         monthly_budget=monthly_budget,
         rpm=rpm,
+        tpm=tpm,
         allow_models=allow_models,
         exclude_models=exclude_models or [],
         created_at=now_s(),
@@ -64,6 +73,7 @@ async def update_project(
     addresses first (None: unchanged), so that one another project holds refuses the
     whole change (PayerAddressTaken)."""
     fields: dict[str, object] = dict(changes)
+    check_tpm(fields.get("tpm"))
     if "exclude_models" in fields and fields["exclude_models"] is None:
         fields["exclude_models"] = []
     if payer_addresses is not None:

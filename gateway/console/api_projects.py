@@ -77,6 +77,8 @@ def _project_options(fields: Fields, options: ProjectLimits) -> None:
         options["monthly_budget"] = fields.amount("monthly_budget")
     if fields.has("rpm"):
         options["rpm"] = fields.positive_int("rpm")
+    if fields.has("tpm"):
+        options["tpm"] = fields.positive_int("tpm")
     if fields.has("allow_models"):
         options["allow_models"] = fields.string_list("allow_models")
     if fields.has("exclude_models"):
@@ -160,6 +162,7 @@ def routes(console: Console) -> list[Endpoint]:
         monthly_limit = fields.amount("monthly_limit")
         expires_at = fields.time("expires_at", future=True)
         rpm = fields.positive_int("rpm")
+        tpm = fields.positive_int("tpm")
         name = fields.string("name")
         fields.unknown()
         require_active(found)
@@ -172,6 +175,7 @@ def routes(console: Console) -> list[Endpoint]:
             monthly_limit=monthly_limit,
             expires_at=expires_at,
             rpm=rpm,
+            tpm=tpm,
         )
         view = {"key": created.secret, **await key_view(admin, created.record)}
         return json_response({**view, "name": name, "last_used_at": None}, status=201)

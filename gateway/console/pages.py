@@ -136,7 +136,8 @@ def routes(console: Console) -> list[Endpoint]:
                 "/console/api/projects",
                 field("Name", "name", extra="required maxlength=200")
                 + field("Monthly budget (USD)", "monthly_budget", extra='inputmode="decimal"')
-                + field("Requests per minute", "rpm", kind="number", extra="min=1 data-int"),
+                + field("Requests per minute", "rpm", kind="number", extra="min=1 data-int")
+                + field("Tokens per minute", "tpm", kind="number", extra="min=1 data-int"),
                 "Create project",
                 extra='data-next="/console/projects/{id}"',
             )

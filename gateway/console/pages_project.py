@@ -34,7 +34,7 @@ _P = "/console/projects/{project_id}"
 
 
 def _limits_form(api: str, p: ConsoleProjectView, onchain: bool) -> str:
-    """What only an owner changes: budget, rpm, model policy, payer addresses."""
+    """What only an owner changes: budget, rpm, tpm, model policy, payer addresses."""
     return "<h2>Limits and models</h2>" + api_form(
         api,
         field(
@@ -47,6 +47,13 @@ def _limits_form(api: str, p: ConsoleProjectView, onchain: bool) -> str:
             "rpm",
             kind="number",
             value=str(p["rpm"] or ""),
+            extra="min=1 data-int",
+        )
+        + field(
+            "Tokens per minute (empty: no token limit)",
+            "tpm",
+            kind="number",
+            value=str(p["tpm"] or ""),
             extra="min=1 data-int",
         )
         + field(
@@ -94,6 +101,7 @@ def routes(console: Console) -> list[Endpoint]:
                 ("Monthly budget", amount_html(p["monthly_budget"])),
                 ("Spent this month", amount_html(p["month_spend"])),
                 ("Requests per minute", esc(p["rpm"] or "default")),
+                ("Tokens per minute", esc(p["tpm"] or "no limit")),
                 ("Allowed models", esc(", ".join(p["allow_models"] or []) or "every model")),
                 ("Excluded models", esc(", ".join(p["exclude_models"]) or "none")),
             ]
@@ -154,12 +162,25 @@ def routes(console: Console) -> list[Endpoint]:
                     esc(k["state"]),
                     amount_html(k["month_spend"]),
                     amount_html(k["monthly_limit"]),
+                    esc(k["rpm"] or "default"),
+                    esc(k["tpm"] or "none"),
                     short_time(k["last_used_at"]) or "never",
                     revoke,
                 ]
             )
         body = table(
-            ["Prefix", "Name", "Scopes", "State", "Month spend", "Monthly limit", "Last used", ""],
+            [
+                "Prefix",
+                "Name",
+                "Scopes",
+                "State",
+                "Month spend",
+                "Monthly limit",
+                "Requests/min",
+                "Tokens/min",
+                "Last used",
+                "",
+            ],
             rows,
             empty="No key yet.",
         )
@@ -175,7 +196,9 @@ def routes(console: Console) -> list[Endpoint]:
                     f"/console/api/projects/{project.id}/keys",
                     field("Name", "name")
                     + f"<fieldset><legend>Scopes</legend>{scopes}</fieldset>"
-                    + field("Monthly limit (USD)", "monthly_limit", extra='inputmode="decimal"'),
+                    + field("Monthly limit (USD)", "monthly_limit", extra='inputmode="decimal"')
+                    + field("Requests per minute", "rpm", kind="number", extra="min=1 data-int")
+                    + field("Tokens per minute", "tpm", kind="number", extra="min=1 data-int"),
                     "Create key",
                     extra='data-reveal="key"',
                 )

@@ -88,6 +88,11 @@ class Metrics:
         self.refused = Counter(
             "gateway_reservations_refused", "Reservations refused, by reason.", ["reason"]
         )
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused 429 by a rate limit, by reason: rpm or tpm.",
+            ["reason"],
+        )
         self.spend = Counter(
             "gateway_spend_micro_units",
             "Charged micro-units (1e-6 USD) by model or runtime.",
@@ -103,6 +108,7 @@ class Metrics:
             self.upstream_attempts,
             self.upstream_failures,
             self.refused,
+            self.rate_limited,
             self.spend,
             self.sandbox_executions,
         ):
@@ -159,6 +165,8 @@ class Metrics:
         requests.value += 1  # CounterChild.inc without the call
         latency.observe(seconds)
         overhead.observe(max(0.0, seconds - ctx.upstream_seconds))
+        if ctx.rate_limited is not None:
+            self.rate_limited.labels(ctx.rate_limited).inc()
         if ctx.endpoint is not None and ctx.endpoint.path == "/v1/sandbox/executions":
             if ctx.billing is not None:
                 self.sandbox_executions.labels(ctx.billing.outcome).inc()

@@ -1,1 +1,1 @@
-"""Requests-per-minute limits: in memory, in PostgreSQL, or in Redis (`[ratelimit]`)."""
+"""Requests and tokens per minute: in memory, in PostgreSQL, or in Redis (`[ratelimit]`)."""

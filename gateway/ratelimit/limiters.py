@@ -1,10 +1,12 @@
-"""Which rate limiter serves: requests per minute exact across every instance of a deployment.
+"""Which rate limiter serves: requests and tokens per minute exact across every instance of
+a deployment.
 
 `[ratelimit] url = "redis://..."`: the buckets live in Redis (redis_gcra), whatever the
-storage. Otherwise in PostgreSQL when it is the storage (postgres_gcra), and
-in this process's memory with SQLite, which one process serves. All three are GCRA with
-one meaning (tests/ratelimit/test_conformance.py). A shared store that does not answer
-gives 503 service_unavailable: never a request let through unchecked, never a 500.
+storage. Otherwise in PostgreSQL when it is the storage (postgres_gcra), and in this
+process's memory with SQLite, which one process serves. All three are weighted GCRA with
+one meaning (pipeline/gcra.py, tests/ratelimit/test_conformance.py). A shared store that
+does not answer gives 503 service_unavailable: never a request let through unchecked,
+never a 500.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from model_gateway.gateway.config import Config
 from model_gateway.gateway.ops.summary import redacted_storage_url
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.pipeline.gcra import Gcra
+from model_gateway.pipeline.ports import Take, Verdict
 from model_gateway.storage import RateLimitPort, Storage
 
 log = logging.getLogger("gateway")
 
 
 class Limiter(Protocol):
-    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int: ...
+    async def acquire(self, buckets: Sequence[Take]) -> Verdict: ...
+    async def give_back(self, buckets: Sequence[Take]) -> None: ...
     async def close(self) -> None: ...
 
 

@@ -1,8 +1,10 @@
-"""Requests per minute in PostgreSQL, exact across every instance sharing the database.
+"""Requests and tokens per minute in PostgreSQL, exact across every instance sharing the
+database.
 
-One round trip per request: `rate_limit_take` (migration 0008) locks the request's buckets
-in name order, reads the database's clock, and takes from all of them or from none. A
-pruner, off the request path, deletes the buckets whose arrival time is past every minute.
+One round trip per request: `rate_limit_move` (migration 0018) locks the request's buckets
+in name order, reads the database's clock, and takes from all of them or from none; one
+more for a request's unused tokens, given back the same way. A pruner, off the request
+path, deletes the buckets that are full again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 
 from model_gateway.gateway.cluster.background import stop_tasks
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
+from model_gateway.pipeline.ports import ADMITTED, Take, Verdict
 from model_gateway.storage import RateLimitPort, StorageError
 
 log = logging.getLogger("gateway")
@@ -26,13 +29,20 @@ class PostgresGcra:
         self._health = health
         self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
 
-    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
+    async def acquire(self, buckets: Sequence[Take]) -> Verdict:
         try:
-            wait = await self._storage.take_rate_limits(list(buckets))
+            wait, refused = await self._storage.take_rate_limits(list(buckets))
         except StorageError as exc:
             raise self._health.failed(exc) from None
         self._health.answered()
-        return wait
+        return Verdict(wait, refused) if wait else ADMITTED
+
+    async def give_back(self, buckets: Sequence[Take]) -> None:
+        try:
+            await self._storage.give_back_rate_limits(list(buckets))
+        except StorageError as exc:
+            raise self._health.failed(exc) from None
+        self._health.answered()
 
     async def _prune_forever(self) -> None:
         while True:

@@ -1,10 +1,13 @@
-"""Requests per minute in Redis (`[ratelimit] url`), exact across every instance using it.
+"""Requests and tokens per minute in Redis (`[ratelimit] url`), exact across every instance
+using it.
 
-One EVALSHA per request: the script reads Redis's clock and takes one request from every
-bucket or from none, atomically (a script runs alone); each bucket's key expires once its
-arrival time is past, when it would mean the same as no key. Same rule and same integer
-microseconds as PostgreSQL's `rate_limit_take` (migration 0008). Keys live in one
-server: a Redis Cluster would need the buckets of a request in one hash slot.
+One EVALSHA per request (and one more for a request's unused tokens): the script reads
+Redis's clock and moves units into every bucket, a take into all of them or none,
+atomically (a script runs alone). A bucket is a string "at_ms:level" (the rule of
+pipeline/gcra.py, the same whole numbers as PostgreSQL's `rate_limit_move`, migration
+0018), expiring a second after it is full again, when it would mean the same as no key; a
+bucket given back to full is deleted. Keys live in one server: a Redis Cluster would need
+the buckets of a request in one hash slot.
 """
 
 from __future__ import annotations
@@ -17,38 +20,64 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
+from model_gateway.pipeline.ports import ADMITTED, Take, Verdict
 
 TIMEOUT_S = 1.0  # a Redis that does not answer within this costs a 503, not a hung request
 
-# KEYS: the buckets; ARGV: their rpm in the same order, then optionally the time in µs
-# (tests). Numbers stay integers below 2^53, exact in Lua's doubles; written with %.0f
-# because tostring keeps only 14 digits.
-TAKE = """
+# KEYS: the buckets; ARGV: 1 for a settlement (forced, whatever the buckets owe) or 0 for a
+# take, then each bucket's units per minute and units, then optionally the time in µs
+# (tests). Numbers stay integers below 2^53, exact in Lua's doubles (a level is at most
+# about twice a minute's units times 60000); written with %.0f because tostring keeps
+# only 14 digits. Returns {wait in whole seconds, 0-based index of the bucket that waits
+# longest}: {0, -1} when moved.
+MOVE = """
+local n = #KEYS
+local forced = ARGV[1] == '1'
 local now
-if #ARGV > #KEYS then
-  now = tonumber(ARGV[#KEYS + 1])
+if #ARGV > 2 * n + 1 then
+  now = math.floor(tonumber(ARGV[2 * n + 2]) / 1000)
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local debt = -1
-local tats = {}
+local ats, levels = {}, {}
+local longest, refused = 0, -1
 for i, key in ipairs(KEYS) do
-  local rpm = tonumber(ARGV[i])
-  local interval = math.ceil(60000000 / rpm)
-  local tat = math.max(tonumber(redis.call('GET', key) or 0), now) + interval
-  tats[i] = tat
-  debt = math.max(debt, tat - now - rpm * interval)
+  local per_minute = tonumber(ARGV[2 * i])
+  local units = tonumber(ARGV[2 * i + 1])
+  local at, level = now, 0
+  local held = redis.call('GET', key)
+  if held then
+    local a, l = string.match(held, '^(%d+):(%d+)$')
+    at, level = tonumber(a), tonumber(l)
+    if now > at then
+      local elapsed = math.min(now - at, math.ceil(level / per_minute))
+      level = math.max(0, level - elapsed * per_minute)
+      at = now
+    end
+  end
+  ats[i], levels[i] = at, level
+  local over = level + (units - per_minute) * 60000
+  if not forced and over > 0 and math.ceil(over / per_minute) > longest then
+    longest = math.ceil(over / per_minute)
+    refused = i - 1
+  end
 end
-if debt > 0 then
-  return math.ceil(debt / 1000000)
+if longest > 0 then
+  return {math.ceil(longest / 1000), refused}
 end
 for i, key in ipairs(KEYS) do
-  -- a second beyond its arrival time: a key never expires while it still counts
-  local ttl = math.ceil((tats[i] - now) / 1000) + 1000
-  redis.call('SET', key, string.format('%.0f', tats[i]), 'PX', ttl)
+  local per_minute = tonumber(ARGV[2 * i])
+  local level = math.max(0, levels[i] + tonumber(ARGV[2 * i + 1]) * 60000)
+  if level == 0 then
+    redis.call('DEL', key)
+  else
+    -- a second beyond the time it is full again: a key never expires while it still counts
+    local ttl = ats[i] + math.ceil(level / per_minute) - now + 1000
+    redis.call('SET', key, string.format('%.0f:%.0f', ats[i], level), 'PX', ttl)
+  end
 end
-return 0
+return {0, -1}
 """
 
 
@@ -60,7 +89,7 @@ class RedisGcra:
             socket_connect_timeout=TIMEOUT_S,
             retry=Retry(NoBackoff(), 1),  # one new connection after a dropped one, no sleep
         )
-        self._take = self._client.register_script(TAKE)
+        self._move = self._client.register_script(MOVE)
         self._prefix = prefix
         self._health = health
 
@@ -72,19 +101,34 @@ class RedisGcra:
         except (RedisError, OSError) as exc:
             self._health.failed(exc)
 
-    async def acquire(self, buckets: Sequence[tuple[str, int]]) -> int:
+    async def acquire(self, buckets: Sequence[Take]) -> Verdict:
         return await self.take(buckets)
 
-    async def take(self, buckets: Sequence[tuple[str, int]], at_us: int | None = None) -> int:
-        """0, or the whole seconds to wait; `at_us` replaces Redis's clock (tests)."""
-        keys = [self._prefix + name for name, _ in buckets]
-        args = [rpm for _, rpm in buckets] + ([] if at_us is None else [at_us])
+    async def take(self, buckets: Sequence[Take], at_us: int | None = None) -> Verdict:
+        """Take the units from every bucket or from none; `at_us` replaces Redis's clock
+        (tests)."""
+        wait, refused = await self._run(buckets, False, at_us)
+        return Verdict(wait, refused) if wait else ADMITTED
+
+    async def give_back(self, buckets: Sequence[Take], at_us: int | None = None) -> None:
+        """Give the units back to every bucket (negative units: take them)."""
+        await self._run([(name, limit, -units) for name, limit, units in buckets], True, at_us)
+
+    async def _run(
+        self, buckets: Sequence[Take], forced: bool, at_us: int | None
+    ) -> tuple[int, int]:
+        keys = [self._prefix + name for name, _, _ in buckets]
+        args = [int(forced)]
+        for _, limit, units in buckets:
+            args += (limit, units)
+        if at_us is not None:
+            args.append(at_us)
         try:
-            wait = await self._take(keys=keys, args=args)
+            wait, refused = await self._move(keys=keys, args=args)
         except (RedisError, OSError) as exc:
             raise self._health.failed(exc) from None
         self._health.answered()
-        return int(wait)
+        return int(wait), int(refused)
 
     async def close(self) -> None:
         await self._client.aclose()

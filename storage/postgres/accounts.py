@@ -35,6 +35,7 @@ def _project(row: Row) -> ProjectRecord:
         state=row["state"],
         monthly_budget=row["monthly_budget"],
         rpm=row["rpm"],
+        tpm=row["tpm"],
         allow_models=None if allow is None else list(allow),
         exclude_models=list(row["exclude_models"]),
         created_at=row["created_at"],
@@ -53,6 +54,7 @@ def _key(row: Row) -> KeyRecord:
         monthly_limit=row["monthly_limit"],
         expires_at=row["expires_at"],
         rpm=row["rpm"],
+        tpm=row["tpm"],
         state=row["state"],
         created_at=row["created_at"],
     )
@@ -77,13 +79,14 @@ class PostgresAccounts(PostgresBase):
         p = project
         await self._run(
             lambda c: c.execute(
-                "INSERT INTO projects (id, name, state, monthly_budget, rpm, allow_models,"
-                " exclude_models, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                "INSERT INTO projects (id, name, state, monthly_budget, rpm, tpm, allow_models,"
+                " exclude_models, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 p.id,
                 p.name,
                 p.state,
                 p.monthly_budget,
                 p.rpm,
+                p.tpm,
                 _sorted(p.allow_models),
                 _sorted(p.exclude_models),
                 p.created_at,
@@ -104,7 +107,7 @@ class PostgresAccounts(PostgresBase):
         )
 
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
-        columns = ("name", "monthly_budget", "rpm", "allow_models", "exclude_models")
+        columns = ("name", "monthly_budget", "rpm", "tpm", "allow_models", "exclude_models")
         row = await self._update_row("projects", "id", project_id, "active", columns, changes)
         return _project(row)
 
@@ -144,8 +147,8 @@ class PostgresAccounts(PostgresBase):
         await self._run(
             lambda c: c.execute(
                 "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
-                " monthly_limit, expires_at, rpm, state, created_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                " monthly_limit, expires_at, rpm, tpm, state, created_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 k.id,
                 k.prefix,
                 k.key_hash,
@@ -155,6 +158,7 @@ class PostgresAccounts(PostgresBase):
                 k.monthly_limit,
                 k.expires_at,
                 k.rpm,
+                k.tpm,
                 k.state,
                 k.created_at,
             )
@@ -175,7 +179,7 @@ class PostgresAccounts(PostgresBase):
         )
 
     async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
-        columns = ("name", "models", "monthly_limit", "expires_at", "rpm")
+        columns = ("name", "models", "monthly_limit", "expires_at", "rpm", "tpm")
         row = await self._update_row("api_keys", "prefix", prefix, "usable", columns, changes)
         return _key(row)
 

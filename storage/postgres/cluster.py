@@ -1,5 +1,5 @@
 """The admin epoch, the instance registry (ClusterPort) and the shared rate-limit buckets
-(RateLimitPort) on PostgreSQL.
+(RateLimitPort: migration 0018) on PostgreSQL.
 
 Admin epoch: every process LISTENs on the `gateway_admin` channel on a connection of its
 own. Triggers on `projects` and `api_keys` NOTIFY it at the commit of any change, by any
@@ -172,28 +172,49 @@ class PostgresCluster(PostgresBase, RateLimitPort):
         )
         return int(status.rsplit(" ", 1)[1])
 
-    # --- requests per minute, shared by every instance (migration 0008) ---------------
+    # --- rate limits, shared by every instance (migration 0018) ------------------------
+
+    async def _move_rate_limits(
+        self, buckets: list[tuple[str, int, int]], forced: bool, at_us: int | None
+    ) -> tuple[int, int]:
+        names = [name for name, _, _ in buckets]
+        per_minute = [limit for _, limit, _ in buckets]
+        units = [count for _, _, count in buckets]
+        row = await self._run(
+            lambda c: c.fetchrow(
+                "SELECT wait, refused FROM rate_limit_move($1, $2, $3, $4, $5::BIGINT)",
+                names,
+                per_minute,
+                units,
+                forced,
+                at_us,
+            )
+        )
+        return int(row["wait"]), int(row["refused"])
 
     async def take_rate_limits(
-        self, buckets: list[tuple[str, int]], at_us: int | None = None
-    ) -> int:
-        """Take one request from every (name, rpm) bucket or from none, in one statement on
-        the database's clock (`at_us`: a given time instead, for tests): 0, or the whole
-        seconds to wait."""
-        names = [name for name, _ in buckets]
-        rpms = [rpm for _, rpm in buckets]
-        wait = await self._run(
-            lambda c: c.fetchval("SELECT rate_limit_take($1, $2, $3::BIGINT)", names, rpms, at_us)
-        )
-        return int(wait)
+        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
+    ) -> tuple[int, int]:
+        """Take the units from every (name, per minute, units) bucket or from none, in one
+        statement on the database's clock (`at_us`: a given time instead, for tests): (0,
+        -1), or (the whole seconds to wait, the index of the bucket that waits longest)."""
+        return await self._move_rate_limits(buckets, False, at_us)
+
+    async def give_back_rate_limits(
+        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
+    ) -> None:
+        """Give the units back to every bucket (negative units: take them), in one
+        statement."""
+        back = [(name, limit, -count) for name, limit, count in buckets]
+        await self._move_rate_limits(back, True, at_us)
 
     async def prune_rate_limits(self) -> int:
-        """Delete buckets whose arrival time is past (the same as no row); rows a request
-        holds are skipped, never waited for. Returns how many went."""
+        """Delete buckets that are full again (the same as no row); rows a request holds
+        are skipped, never waited for. Returns how many went."""
         status = await self._run(
             lambda c: c.execute(
-                "DELETE FROM rate_limits WHERE bucket IN (SELECT bucket FROM rate_limits"
-                " WHERE tat < (extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT"
+                "DELETE FROM rate_buckets WHERE bucket IN (SELECT bucket FROM rate_buckets"
+                " WHERE empty_at_ms < floor(extract(epoch FROM clock_timestamp()) * 1000)"
                 " FOR UPDATE SKIP LOCKED)"
             )
         )

@@ -30,6 +30,7 @@ def _project(row: sqlite3.Row) -> ProjectRecord:
         state=row["state"],
         monthly_budget=row["monthly_budget"],
         rpm=row["rpm"],
+        tpm=row["tpm"],
         allow_models=None if allow is None else orjson.loads(allow),
         exclude_models=orjson.loads(row["exclude_models"]),
         created_at=row["created_at"],
@@ -48,6 +49,7 @@ def _key(row: sqlite3.Row) -> KeyRecord:
         monthly_limit=row["monthly_limit"],
         expires_at=row["expires_at"],
         rpm=row["rpm"],
+        tpm=row["tpm"],
         state=row["state"],
         created_at=row["created_at"],
     )
@@ -58,14 +60,15 @@ class SQLiteAccounts(SQLiteBase):
 
     async def create_project(self, project: ProjectRecord) -> ProjectRecord:
         await self._write(
-            "INSERT INTO projects (id, name, state, monthly_budget, rpm, allow_models,"
-            " exclude_models, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO projects (id, name, state, monthly_budget, rpm, tpm, allow_models,"
+            " exclude_models, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 project.id,
                 project.name,
                 project.state,
                 project.monthly_budget,
                 project.rpm,
+                project.tpm,
                 _json_list(project.allow_models),
                 _json_list(project.exclude_models),
                 project.created_at,
@@ -81,7 +84,7 @@ class SQLiteAccounts(SQLiteBase):
         return [_project(row) for row in rows if ids is None or row["id"] in ids]
 
     async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
-        columns = ("name", "monthly_budget", "rpm", "allow_models", "exclude_models")
+        columns = ("name", "monthly_budget", "rpm", "tpm", "allow_models", "exclude_models")
         await self._update_row("projects", "id", project_id, "active", columns, changes)
         return await self._found(self.get_project(project_id), f"no project {project_id}")
 
@@ -110,8 +113,8 @@ class SQLiteAccounts(SQLiteBase):
                 raise RecordNotFound(f"no project {key.project_id}")
             await db.execute(
                 "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
-                " monthly_limit, expires_at, rpm, state, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " monthly_limit, expires_at, rpm, tpm, state, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key.id,
                     key.prefix,
@@ -122,6 +125,7 @@ class SQLiteAccounts(SQLiteBase):
                     key.monthly_limit,
                     key.expires_at,
                     key.rpm,
+                    key.tpm,
                     key.state,
                     key.created_at,
                 ),
@@ -147,7 +151,7 @@ class SQLiteAccounts(SQLiteBase):
         ]
 
     async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
-        columns = ("name", "models", "monthly_limit", "expires_at", "rpm")
+        columns = ("name", "models", "monthly_limit", "expires_at", "rpm", "tpm")
         await self._update_row("api_keys", "prefix", prefix, "usable", columns, changes)
         return await self._found(self.get_key(prefix), f"no key {prefix}")
 

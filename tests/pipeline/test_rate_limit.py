@@ -17,9 +17,9 @@ MODELS = Endpoint("GET", "/v1/models", ANY_VALID_KEY, _handler)
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = 1_000_000  # milliseconds
 
-    def __call__(self) -> float:
+    def __call__(self) -> int:
         return self.now
 
 
@@ -75,7 +75,7 @@ async def test_the_wait_is_over_after_retry_after_seconds():
     refused = await call(app)
     wait = refused.json()["error"]["retry_after_seconds"]
     assert wait <= 30  # one request refills every 60/rpm seconds
-    clock.now += wait
+    clock.now += wait * 1000
     assert (await call(app)).status_code == 200
 
 

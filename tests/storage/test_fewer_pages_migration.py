@@ -58,13 +58,16 @@ def _schema_12(path: Path) -> None:
     conn.close()
 
 
-# The columns of 0012 (later migrations add columns of their own: 0014's in_use).
+# The columns of 0012 (later migrations add columns of their own: 0014's in_use, 0017's
+# tpm).
 _COLUMNS_AT_12 = {
     "reservations": "id, project_id, key_id, amount, month, owner, lease_until, created_at,"
     " lease, recalled",
     "ledger": "*",
-    "projects": "*",
-    "api_keys": "*",
+    "projects": "id, name, state, monthly_budget, rpm, allow_models, exclude_models,"
+    " created_at, balance, reserved, leased",
+    "api_keys": "id, prefix, key_hash, project_id, scopes, models, monthly_limit, expires_at,"
+    " rpm, state, created_at, reserved, name, last_used_us, leased",
     "month_spend": "*",
 }
 
