@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ALLOW_METHODS = b"GET, POST, OPTIONS"
-ALLOW_HEADERS = b"authorization, content-type, x-api-key"
+ALLOW_HEADERS = b"authorization, content-type, x-api-key, anthropic-version, anthropic-beta"
 EXPOSE_HEADERS = b"x-request-id, x-receipt-id"
 MAX_AGE = b"600"
 

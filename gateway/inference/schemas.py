@@ -127,7 +127,7 @@ _INPUT_ITEM_SHAPES = {
 }
 
 
-def _check_shape(value: Any, shape: type, where: str) -> None:
+def check_shape(value: Any, shape: type, where: str) -> None:
     try:
         msgspec.convert(value, shape)
     except msgspec.ValidationError as exc:
@@ -138,7 +138,7 @@ def _check_shape(value: Any, shape: type, where: str) -> None:
 
 def _check_parts(parts: list[Any], where: str) -> None:
     for j, part in enumerate(parts):
-        _check_shape(part, _ContentPart, f"{where}.{j}")  # first: `type` is a string after
+        check_shape(part, _ContentPart, f"{where}.{j}")  # first: `type` is a string after
         if part["type"] in IMAGE_PART_TYPES:
             raise InvalidRequest("Image inputs are not supported.", param=f"{where}.{j}")
 
@@ -151,7 +151,7 @@ def _check_tools(tools: list[dict[str, Any]], shape: type) -> None:
                 "that no price on this deployment covers.",
                 param=f"tools.{k}.type",
             )
-        _check_shape(tool, shape, f"tools.{k}")
+        check_shape(tool, shape, f"tools.{k}")
 
 
 def _check_tool_choice(choice: str | dict[str, Any], shape: type) -> None:
@@ -163,7 +163,7 @@ def _check_tool_choice(choice: str | dict[str, Any], shape: type) -> None:
         return
     if choice.get("type") not in ("function", "auto", "none", "required"):
         raise InvalidRequest("Only function tools can be chosen.", param="tool_choice.type")
-    _check_shape(choice, shape, "tool_choice")
+    check_shape(choice, shape, "tool_choice")
 
 
 class _Request(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -225,7 +225,7 @@ class ChatRequest(_Request):
             if isinstance(content, list):
                 _check_parts(content, f"messages.{i}.content")
             for k, call in enumerate(message.tool_calls or ()):
-                _check_shape(call, _ToolCall, f"messages.{i}.tool_calls.{k}")
+                check_shape(call, _ToolCall, f"messages.{i}.tool_calls.{k}")
 
     @property
     def output_limit(self) -> int | None:
@@ -246,9 +246,9 @@ class ResponsesRequest(_Request):
     def check(self) -> None:
         self._check_tool_fields(_ResponsesTool, _ResponsesToolChoice)
         if self.text is not UNSET:
-            _check_shape(self.text, _Text, "text")
+            check_shape(self.text, _Text, "text")
         if self.reasoning is not UNSET:
-            _check_shape(self.reasoning, _Reasoning, "reasoning")
+            check_shape(self.reasoning, _Reasoning, "reasoning")
         if isinstance(self.input, str):
             return
         for i, item in enumerate(self.input):
@@ -262,7 +262,7 @@ class ResponsesRequest(_Request):
                 _check_parts(content, f"input.{i}.content")
             shape = _INPUT_ITEM_SHAPES.get(kind)
             if shape is not None:
-                _check_shape(item, shape, f"input.{i}")
+                check_shape(item, shape, f"input.{i}")
 
     @property
     def output_limit(self) -> int | None:

@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -53,6 +53,20 @@ DRAIN_S = 0.5
 
 class ResponsesUnsupported(Exception):
     """The upstream has no Responses endpoint: serve the request by translating to chat."""
+
+
+E = TypeVar("E")
+
+
+class EventReader(Protocol[E]):
+    """A stream's reader of checked events (`ChatEvents`, `NativeResponsesEvents`,
+    `NativeMessagesEvents`): fed each read, it gives the events the read completed."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
+    def feed(self, read: bytes) -> tuple[list[E], GatewayError | None]: ...
 
 
 class Acceptance:
@@ -308,8 +322,10 @@ class HttpProvider(Provider):
         acceptance: Acceptance,
         *,
         optional_endpoint: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        """POST, and return the response only if it succeeded (the caller closes it)."""
+        """POST, and return the response only if it succeeded (the caller closes it).
+        `extra_headers`: this request's own (a client's anthropic-beta, say)."""
         if self.session is None:
             raise ProviderError()
         data = orjson.dumps(body)
@@ -317,6 +333,7 @@ class HttpProvider(Provider):
         headers = {
             "content-type": "application/json",
             **self.config.headers,
+            **(extra_headers or {}),
             **await self.signed_headers(url, data),
         }
         _REUSED.set(False)
@@ -368,8 +385,11 @@ class HttpProvider(Provider):
         acceptance: Acceptance,
         *,
         optional_endpoint: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> JSONObject:
-        response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
+        response = await self._post(
+            path, body, acceptance, optional_endpoint=optional_endpoint, extra_headers=extra_headers
+        )
         try:
             raw = await self._answer(response)
         except (aiohttp.ClientError, OSError) as exc:
@@ -404,10 +424,13 @@ class HttpProvider(Provider):
         acceptance: Acceptance,
         *,
         optional_endpoint: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[bytes]:
         """The upstream's body as it arrives, one item per read. Closing this closes the
         connection."""
-        response = await self._post(path, body, acceptance, optional_endpoint=optional_endpoint)
+        response = await self._post(
+            path, body, acceptance, optional_endpoint=optional_endpoint, extra_headers=extra_headers
+        )
         try:
             reads = response.content.iter_any()
             while True:
@@ -420,6 +443,24 @@ class HttpProvider(Provider):
                 yield read
         finally:
             response.close()  # synchronous: the connection goes at once, even when cancelled
+
+    async def batches(
+        self, reads: AsyncGenerator[bytes], events: EventReader[E]
+    ) -> AsyncGenerator[list[E]]:
+        """One batch of checked events per read; the upstream's failure raised after the
+        good events before it; an early end raised once the connection is read out."""
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                batch, failure = events.feed(read)
+                if batch:
+                    yield batch
+                if failure is not None:
+                    raise failure
+                if events.done:
+                    await drained(reads)
+                    break
+        if not events.complete:
+            raise stream_ended_early(self.name)
 
     async def post_events(
         self,

@@ -44,7 +44,7 @@ _unknown = st.fixed_dictionaries(
     {"type": st.sampled_from(["thinking", "search_result", "future_block"])},
     optional={"thinking": short, "content": json_any, "cache_control": json_any},
 )
-_tool_use = st.fixed_dictionaries(
+tool_use_block = st.fixed_dictionaries(
     {"type": st.just("tool_use"), "id": name, "name": name, "input": st.dictionaries(name, short)}
 )
 _tool_result = st.fixed_dictionaries(
@@ -64,7 +64,7 @@ _message = st.one_of(
         {
             "role": st.just("assistant"),
             "content": st.one_of(
-                short, st.lists(st.one_of(_text, _tool_use, _unknown), max_size=3)
+                short, st.lists(st.one_of(_text, tool_use_block, _unknown), max_size=3)
             ),
         }
     ),

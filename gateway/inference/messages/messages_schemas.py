@@ -19,8 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from model_gateway.gateway.inference.schemas import NonEmpty, PositiveInt, Probability
-from model_gateway.gateway.inference.schemas import _check_shape as check_shape
+from model_gateway.gateway.inference.schemas import NonEmpty, PositiveInt, Probability, check_shape
 from model_gateway.pipeline.errors import InvalidRequest
 
 # Block types that carry a file's content: not accepted (as image inputs elsewhere).

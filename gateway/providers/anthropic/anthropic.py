@@ -8,8 +8,7 @@ The translation itself is in `anthropic_messages`, the pass-through stream's rea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
-from contextvars import ContextVar
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -43,18 +42,10 @@ if TYPE_CHECKING:
 
 API_VERSION = "2023-06-01"
 
-# The client's anthropic-beta header, for the pass-through request being sent (set around
-# the send only: HttpProvider's request headers are the provider's, `signed_headers`).
-_BETA: ContextVar[str | None] = ContextVar("anthropic_beta", default=None)
 
-
-@contextlib.contextmanager
-def _beta(value: str | None) -> Iterator[None]:
-    token = _BETA.set(value)
-    try:
-        yield
-    finally:
-        _BETA.reset(token)
+def _beta(value: str | None) -> dict[str, str] | None:
+    """The client's anthropic-beta header, for a pass-through request."""
+    return {"anthropic-beta": value} if value else None
 
 
 class AnthropicProvider(HttpProvider):
@@ -71,9 +62,6 @@ class AnthropicProvider(HttpProvider):
         credential = self.config.credential()
         if credential:
             headers["x-api-key"] = credential
-        beta = _BETA.get()
-        if beta:
-            headers["anthropic-beta"] = beta
         return headers
 
     async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
@@ -102,8 +90,7 @@ class AnthropicProvider(HttpProvider):
     async def messages(
         self, request: JSONObject, acceptance: Acceptance, beta: str | None
     ) -> NativeAnswer:
-        with _beta(beta):
-            response = await self._post(self.path, request, acceptance)
+        response = await self._post(self.path, request, acceptance, extra_headers=_beta(beta))
         try:
             data = await self._answer(response)  # its bytes: passed on as they came
         except (aiohttp.ClientError, OSError) as exc:
@@ -116,23 +103,10 @@ class AnthropicProvider(HttpProvider):
     async def messages_events(
         self, request: JSONObject, acceptance: Acceptance, beta: str | None
     ) -> AsyncGenerator[list[MessagesStreamEvent]]:
-        events = NativeMessagesEvents(self.name)
-        reads = self.post_stream(self.path, {**request, "stream": True}, acceptance)
-        async with contextlib.aclosing(reads):
-            with _beta(beta):  # the request goes out with the first read
-                read = await anext(reads, None)
-            while read is not None:
-                batch, failure = events.feed(read)
-                if batch:
-                    yield batch
-                if failure is not None:
-                    raise failure
-                if events.done:
-                    await drained(reads)
-                    break
-                read = await anext(reads, None)
-        if not events.complete:
-            raise stream_ended_early(self.name)
+        body = {**request, "stream": True}
+        reads = self.post_stream(self.path, body, acceptance, extra_headers=_beta(beta))
+        async for batch in self.batches(reads, NativeMessagesEvents(self.name)):
+            yield batch
 
     async def count_tokens(
         self, request: JSONObject, acceptance: Acceptance, beta: str | None
@@ -140,10 +114,13 @@ class AnthropicProvider(HttpProvider):
         """The upstream's own count; None (the gateway estimates) when it has no such
         endpoint (an Anthropic-compatible server) or its count is none."""
         try:
-            with _beta(beta):
-                answer = await self.post_json(
-                    self.path + "/count_tokens", request, acceptance, optional_endpoint=True
-                )
+            answer = await self.post_json(
+                self.path + "/count_tokens",
+                request,
+                acceptance,
+                optional_endpoint=True,
+                extra_headers=_beta(beta),
+            )
         except ResponsesUnsupported:
             return None
         return token_count(answer.get("input_tokens"))

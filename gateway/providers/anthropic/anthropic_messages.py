@@ -31,7 +31,7 @@ STOP_REASONS: dict[str | None, str] = {
 }
 
 
-def _text_blocks(content: Any, where: str) -> list[JSONObject]:
+def text_blocks(content: Any, where: str) -> list[JSONObject]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks = []
@@ -45,7 +45,7 @@ def _text_blocks(content: Any, where: str) -> list[JSONObject]:
     return blocks
 
 
-def _tool_use(call: JSONObject, where: str) -> JSONObject:
+def tool_use_block(call: JSONObject, where: str) -> JSONObject:
     function = call.get("function") or {}
     try:
         arguments = orjson.loads(function.get("arguments") or "{}")
@@ -72,7 +72,7 @@ def _append(messages: list[JSONObject], role: str, blocks: list[JSONObject]) -> 
         messages.append({"role": role, "content": blocks})
 
 
-def _tools(tools: list[JSONObject]) -> list[JSONObject]:
+def tool_definitions(tools: list[JSONObject]) -> list[JSONObject]:
     translated = []
     for k, tool in enumerate(tools):
         function = tool.get("function") or {}
@@ -117,9 +117,9 @@ def messages_request(request: JSONObject) -> JSONObject:
             }
             _append(messages, "user", [result])
         else:
-            blocks = _text_blocks(message.get("content"), f"messages.{i}.content")
+            blocks = text_blocks(message.get("content"), f"messages.{i}.content")
             for k, call in enumerate(message.get("tool_calls") or ()):
-                blocks.append(_tool_use(call, f"messages.{i}.tool_calls.{k}"))
+                blocks.append(tool_use_block(call, f"messages.{i}.tool_calls.{k}"))
             _append(messages, "assistant" if role == "assistant" else "user", blocks)
     body: dict[str, Any] = {
         "model": request["model"],
@@ -129,7 +129,7 @@ def messages_request(request: JSONObject) -> JSONObject:
     if any(system):
         body["system"] = "\n\n".join(text for text in system if text)
     if request.get("tools"):
-        body["tools"] = _tools(request["tools"])
+        body["tools"] = tool_definitions(request["tools"])
         if "tool_choice" in request or "parallel_tool_calls" in request:
             body["tool_choice"] = _tool_choice(
                 request.get("tool_choice", "auto"), request.get("parallel_tool_calls")

@@ -23,9 +23,9 @@ import orjson
 from model_gateway.gateway.inference.tokens import content_text
 from model_gateway.gateway.inference.usage import token_count
 from model_gateway.gateway.providers.anthropic.anthropic_messages import (
-    _text_blocks,
-    _tool_use,
-    _tools,
+    text_blocks,
+    tool_definitions,
+    tool_use_block,
 )
 from model_gateway.pipeline.errors import InvalidRequest
 
@@ -141,14 +141,14 @@ def _signature(call: JSONObject) -> str | None:
 
 
 def _text_parts(message: JSONObject, where: str) -> list[JSONObject]:
-    blocks = _text_blocks(message.get("content"), f"{where}.content")
+    blocks = text_blocks(message.get("content"), f"{where}.content")
     return [{"text": block["text"]} for block in blocks]
 
 
 def _model_parts(message: JSONObject, where: str) -> list[JSONObject]:
     parts = _text_parts(message, where)
     for k, call in enumerate(message.get("tool_calls") or ()):
-        use = _tool_use(call, f"{where}.tool_calls.{k}")
+        use = tool_use_block(call, f"{where}.tool_calls.{k}")
         part: JSONObject = {"functionCall": {"name": use["name"], "args": use["input"]}}
         signature = _signature(call)
         if signature is not None or k == 0:  # only a turn's first call must carry one
@@ -224,7 +224,7 @@ def generate_request(request: JSONObject) -> JSONObject:
         body["systemInstruction"] = {"parts": system}
     if request.get("tools"):
         declarations = []
-        for tool in _tools(request["tools"]):
+        for tool in tool_definitions(request["tools"]):
             declaration = {"name": tool["name"], "parametersJsonSchema": tool["input_schema"]}
             if tool.get("description"):
                 declaration["description"] = tool["description"]

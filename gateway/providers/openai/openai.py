@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
@@ -29,15 +29,10 @@ from model_gateway.gateway.providers.sse_blocks import parse_checked
 from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
-    drained,
-    stream_ended_early,
 )
 
 if TYPE_CHECKING:
     from model_gateway.gateway.inference.json_types import JSONObject
-    from model_gateway.pipeline.errors import GatewayError
-
-E = TypeVar("E")
 
 _FLOAT32_MAX = 3.4028234663852886e38
 # What the gateway reads of an embeddings answer (its usage is judged count by count):
@@ -52,16 +47,6 @@ class _Embedding(msgspec.Struct):
 
 class _EmbeddingsAnswer(msgspec.Struct):
     data: list[_Embedding]
-
-
-class _EventReader(Protocol[E]):
-    """A stream's reader of checked events: `ChatEvents` or `NativeResponsesEvents`."""
-
-    @property
-    def done(self) -> bool: ...
-    @property
-    def complete(self) -> bool: ...
-    def feed(self, read: bytes) -> tuple[list[E], GatewayError | None]: ...
 
 
 class OpenAIProvider(HttpProvider):
@@ -88,7 +73,7 @@ class OpenAIProvider(HttpProvider):
         options = {**(request.get("stream_options") or {}), "include_usage": True}
         body = {**request, "stream": True, "stream_options": options}
         reads = self.post_stream(self.path("chat/completions", request["model"]), body, acceptance)
-        async for batch in self._batches(reads, ChatEvents(self.name)):
+        async for batch in self.batches(reads, ChatEvents(self.name)):
             yield batch
 
     async def chat_stream(
@@ -111,28 +96,10 @@ class OpenAIProvider(HttpProvider):
         body = {**request, "stream": True}
         path = self.path("responses", request["model"])
         reads = self.post_stream(path, body, acceptance, optional_endpoint=True)
-        async for batch in self._batches(reads, NativeResponsesEvents(self.name)):
+        async for batch in self.batches(reads, NativeResponsesEvents(self.name)):
             yield batch
 
     async def embeddings(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         body = {**request, "encoding_format": "float"}  # base64 is the gateway's own work
         answer = await self.post_json(self.path("embeddings", request["model"]), body, acceptance)
         return checked(self.name, answer, _EmbeddingsAnswer)
-
-    async def _batches(
-        self, reads: AsyncGenerator[bytes], events: _EventReader[E]
-    ) -> AsyncGenerator[list[E]]:
-        """One batch of checked events per read; the upstream's failure raised after the
-        good events before it; an early end raised once the connection is read out."""
-        async with contextlib.aclosing(reads):
-            async for read in reads:
-                batch, failure = events.feed(read)
-                if batch:
-                    yield batch
-                if failure is not None:
-                    raise failure
-                if events.done:
-                    await drained(reads)
-                    break
-        if not events.complete:
-            raise stream_ended_early(self.name)
