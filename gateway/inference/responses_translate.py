@@ -79,7 +79,7 @@ def _messages(request: JSONObject) -> list[JSONObject]:
     return messages
 
 
-def tool_definitions(tools: list[JSONObject]) -> list[JSONObject]:
+def _tools(tools: list[JSONObject]) -> list[JSONObject]:
     translated = []
     for k, tool in enumerate(tools):
         if tool.get("type") != "function":
@@ -119,7 +119,7 @@ def chat_request(request: JSONObject) -> JSONObject:
     """A Responses request (upstream model and limit already set) as a chat request."""
     chat: dict[str, Any] = {"model": request["model"], "messages": _messages(request)}
     if request.get("tools"):
-        chat["tools"] = tool_definitions(request["tools"])
+        chat["tools"] = _tools(request["tools"])
     if "tool_choice" in request:
         chat["tool_choice"] = _tool_choice(request["tool_choice"])
     for key in ("temperature", "top_p", "parallel_tool_calls", "user"):
