@@ -278,3 +278,57 @@ def test_showing_unknown_records_fails_with_not_found(cli):
 def test_a_key_needs_known_scopes(cli, scopes):
     project = new_project(cli)
     _fails(call(cli, "keys", "create", "--project", project, "--scopes", scopes), "invalid_request")
+
+
+def test_tpm_is_set_shown_and_changed_on_projects_and_keys(cli):
+    project = record(cli, "projects", "create", "acme", "--rpm", "60", "--tpm", "90000")
+    assert (project["rpm"], project["tpm"]) == (60, 90000)
+    assert record(cli, "projects", "show", project["id"])["tpm"] == 90000
+    created = record(
+        cli, "keys", "create", "--project", project["id"], "--scopes", "inference",
+        "--rpm", "30", "--tpm", "5000",
+    )  # fmt: skip
+    assert (created["rpm"], created["tpm"]) == (30, 5000)
+    assert record(cli, "keys", "show", created["prefix"])["tpm"] == 5000
+    listed = record(cli, "keys", "list", "--project", project["id"])["data"]
+    assert [(k["rpm"], k["tpm"]) for k in listed] == [(30, 5000)]
+    changed = record(cli, "projects", "update", project["id"], "--tpm", "7")
+    assert (changed["rpm"], changed["tpm"]) == (60, 7)
+    assert record(cli, "projects", "update", project["id"], "--tpm", "none")["tpm"] is None
+    assert record(cli, "keys", "update", created["prefix"], "--tpm", "9")["tpm"] == 9
+    cleared = record(cli, "keys", "update", created["prefix"], "--tpm", "none")
+    assert (cleared["rpm"], cleared["tpm"]) == (30, None)
+    plain = call(cli, "projects", "show", project["id"], json_out=False)
+    assert "tpm: -" in plain.stdout.splitlines()
+    unset = record(cli, "projects", "create", "plain")
+    assert unset["tpm"] is None  # no token limit
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
+def test_a_bad_tpm_is_a_usage_error_like_a_bad_rpm(cli, value):
+    project = new_project(cli)
+    prefix = keys.public_prefix(new_key(cli, project))
+    for words in (
+        ["projects", "create", "acme"],
+        ["keys", "create", "--project", project, "--scopes", "inference"],
+        ["projects", "update", project],
+        ["keys", "update", prefix],
+    ):
+        for flag in ("--rpm", "--tpm"):
+            done = call(cli, *words, f"{flag}={value}")
+            assert done.returncode == 2, (words, flag)
+            assert flag in _fails(done, "invalid_request")
+
+
+def test_a_tpm_beyond_what_storage_holds_is_refused_naming_the_flag(cli):
+    project = new_project(cli)
+    prefix = keys.public_prefix(new_key(cli, project))
+    for words in (
+        ["projects", "create", "acme"],
+        ["keys", "create", "--project", project, "--scopes", "inference"],
+        ["projects", "update", project],
+        ["keys", "update", prefix],
+    ):
+        done = call(cli, *words, "--tpm", str(2**31))
+        assert "--tpm must be a positive integer" in _fails(done, "invalid_request"), words
+    assert record(cli, "projects", "show", project)["tpm"] is None

@@ -21,6 +21,8 @@ from model_gateway.gateway.ops.metrics_text import (
     escape_label_value,
     format_value,
 )
+from model_gateway.pipeline.context import RequestContext
+from model_gateway.pipeline.endpoint import Endpoint
 
 TRICKY = ['say "hi"', "back\\slash", "new\nline", "ünïcødé ✓ 日本", "", "\\n literal", 'a\\"b']
 
@@ -219,6 +221,10 @@ def test_parser_reads_back_labels_and_cumulative_buckets(labels, observations):
             assert cumulative == sum(1 for s in seen if s <= bound)
 
 
+async def _never_called(ctx: RequestContext) -> None:
+    raise AssertionError("no request is served here")
+
+
 def test_gateway_metrics_render_the_names_dashboards_use():
     metrics = Metrics()
     metrics.gauge("gateway_open_holds", "Holds of this process not yet closed.", lambda: 0)
@@ -226,10 +232,14 @@ def test_gateway_metrics_render_the_names_dashboards_use():
         nodes=[SimpleNamespace(name="sandbox_nodes[0]", healthy=True, max_concurrent=4, in_use=1)]
     )
     metrics.sandbox_nodes(pool)
-    ctx = SimpleNamespace(endpoint=None, upstream_seconds=0.0, billing=None)
+    ctx = RequestContext("req_1")
     metrics.request_done(ctx, "GET", "/nope", 404, 0.001)
     metrics.request_done(ctx, "GET", "/nope", 404, 0.002)
+    chat = Endpoint("POST", "/v1/chat/completions", "inference", _never_called)
+    refused = RequestContext("req_2", endpoint=chat, rate_limited="tpm")
+    metrics.request_done(refused, "POST", "/v1/chat/completions", 429, 0.001)
     text = metrics.text().decode()
+    assert 'gateway_rate_limited_total{reason="tpm"} 1.0\n' in text
     assert "# TYPE gateway_requests_total counter\n" in text
     assert 'gateway_requests_total{endpoint="unmatched",method="GET",status="404"} 2.0\n' in text
     assert 'gateway_request_duration_seconds_bucket{endpoint="unmatched",le="0.0025"} 2.0' in text
@@ -242,6 +252,7 @@ def test_gateway_metrics_render_the_names_dashboards_use():
         "gateway_upstream_attempts",
         "gateway_upstream_failures",
         "gateway_reservations_refused",
+        "gateway_rate_limited",
         "gateway_spend_micro_units",
         "gateway_sandbox_executions",
         "gateway_open_holds",

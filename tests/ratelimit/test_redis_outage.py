@@ -1,20 +1,26 @@
 """A Redis that does not answer: keyed requests get 503 service_unavailable with
 `retry-after` (the spec's answer for an unavailable dependency), never a 500 and never a
-request let through unchecked; when Redis answers again, so does the gateway. A real
-gateway process and a real redis-server of the test's own, started and killed."""
+request let through unchecked; when Redis answers again, so does the gateway. A request
+admitted before Redis went away still answers: its unused tokens, not given back, are
+logged. A real gateway process and a real redis-server of the test's own, started and
+killed."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import redis
 
+from tests.ratelimit.token_requests import SLOW, chat_body, post, slow_model_config
 from tests.storage.backends import in_ci
+from tests.support.fake_openai import FakeOpenAI
 from tests.support.gateway_process import GatewayProcess, free_port
+from tests.support.inference import OPENAI_CREDENTIAL, UPSTREAM_ENV
 
 CHAT = {"model": "echo-1", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -100,4 +106,28 @@ def test_an_unreachable_redis_gives_503_never_a_pass_or_a_500(tmp_path, redis_se
         log = gateway.log()
     assert "not answering" in log and "answers again" in log
     assert "s3cret-pass" not in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.redis
+def test_tokens_not_given_back_to_a_gone_redis_are_logged_the_answer_stands(tmp_path, redis_server):
+    url = f"redis://:{redis_server.password}@127.0.0.1:{redis_server.port}/0"
+    redis_server.start()
+    with FakeOpenAI(OPENAI_CREDENTIAL) as upstream:
+        config = f'\n[ratelimit]\nurl = "{url}"\n' + slow_model_config(upstream.url)
+        with GatewayProcess(tmp_path, extra_config=config, env=UPSTREAM_ENV) as gateway:
+            project = gateway.create_project("give-back")
+            gateway.cli("credit", "add", "--project", project, "1.00")
+            key = gateway.create_key(project, "inference", "--tpm", "100000")
+            with ThreadPoolExecutor(1) as thread:
+                answer = thread.submit(post, gateway.url, key, chat_body(SLOW))
+                deadline = time.monotonic() + 10
+                while not upstream.sent(model="slow"):  # admitted: at the upstream now
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                redis_server.kill()
+                response = answer.result()
+            log = gateway.log()
+    assert response.status_code == 200, response.text
+    assert "unused tokens not given back" in log
     assert "Traceback" not in log
