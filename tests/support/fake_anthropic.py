@@ -90,6 +90,16 @@ class FakeAnthropic(FakeUpstream):
             web.post("/stolen", self.stolen),
         ]
 
+    def provider_config(self, name: str) -> tuple[str, dict[str, str]]:
+        """The `[providers.NAME]` block pointing at this fake, and its credential's variable."""
+        block = f"""
+[providers."{name}"]
+kind = "anthropic"
+base_url = "{self.url}"
+api_key_env = "FAKE_ANTHROPIC_KEY"
+"""
+        return block, {"FAKE_ANTHROPIC_KEY": self.credential}
+
     def _refusal(self, request: web.Request, problem: str | None) -> web.Response | None:
         """What the real API answers a request without its credential or version."""
         if request.headers.get("x-api-key") != self.credential:
