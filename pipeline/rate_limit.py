@@ -58,17 +58,16 @@ def used_tokens(ctx: RequestContext) -> int:
 
 def _token_takes(ctx: RequestContext, project: ProjectInfo, key: KeyInfo | None) -> list[Take]:
     """What the request takes from the tpm buckets of its project and key that have one."""
-    limited = [owner for owner in (project, key) if owner is not None and owner.tpm]
-    if not limited:
-        return []
+    if not project.tpm and (key is None or not key.tpm):
+        return []  # the common case: no token limit, nothing to estimate
     estimate = token_estimate(ctx)
     if not estimate:
         return []
-    takes: list[Take] = []
-    for owner in limited:
-        assert owner.tpm is not None
-        takes.append((TPM + owner.id, owner.tpm, min(estimate, owner.tpm)))
-    return takes
+    return [
+        (TPM + owner.id, owner.tpm, min(estimate, owner.tpm))
+        for owner in (project, key)
+        if owner is not None and owner.tpm
+    ]
 
 
 class RateLimit:

@@ -49,11 +49,15 @@ def statuses(responses: list[httpx.Response]) -> list[int]:
     return sorted(r.status_code for r in responses)
 
 
-def test_short_answers_give_back_what_they_did_not_use(gateway):
-    key = gateway.create_key(project(gateway), "inference", "--tpm", str(2 * ECHO))
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_short_answers_give_back_what_they_did_not_use(gateway, stream):
+    body = chat_body("echo-1", stream=stream)
+    key = gateway.create_key(project(gateway), "inference", "--tpm", str(2 * estimate(body)))
     # Each takes its estimate and gives back all but the few tokens it used: without
     # the give-back the third would be refused.
-    assert [post(gateway.url, key, ECHO_BODY).status_code for _ in range(8)] == [200] * 8
+    answers = [post(gateway.url, key, body) for _ in range(8)]
+    assert [r.status_code for r in answers] == [200] * 8
+    assert all(("data: [DONE]" in r.text) == stream for r in answers)
 
 
 def test_a_key_admits_its_budget_then_429_and_what_came_back_passes(gateway):

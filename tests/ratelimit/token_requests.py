@@ -32,10 +32,11 @@ max_output_tokens = 4096
 """
 
 
-def chat_body(model: str, max_tokens: int = MAX_TOKENS) -> bytes:
+def chat_body(model: str, max_tokens: int = MAX_TOKENS, *, stream: bool = False) -> bytes:
     body = {
         "model": model,
         "max_tokens": max_tokens,
+        "stream": stream,
         "messages": [{"role": "user", "content": "How many tokens is this?"}],
     }
     return orjson.dumps(body)
