@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_gateway.gateway.config import Config, ModelConfig
 from model_gateway.gateway.json_response import json_response
+from model_gateway.gateway.metering.class_prices import split_usage
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from model_gateway.gateway.proofs.links import link_base
@@ -38,6 +39,8 @@ def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict[str, obj
     `link_prefix` starts proof_url (gateway.proofs.links.link_base: never from Host)."""
     issued = datetime.fromtimestamp(receipt.created_at / 1_000_000, UTC)
     subject = "model" if receipt.kind == "inference" else "runtime"
+    counts, prices = split_usage(receipt.usage)
+    priced = {"prices": {k: format_amount(v) for k, v in prices.items()}} if prices else {}
     return {
         "id": receipt.id,
         "object": "receipt",
@@ -45,7 +48,7 @@ def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict[str, obj
         "kind": receipt.kind,
         "endpoint": receipt.endpoint,
         subject: receipt.model_or_runtime,
-        "usage": receipt.usage,
+        "usage": counts,
         "usage_source": receipt.usage_source,
         "provider": receipt.provider,
         "cost": format_amount(receipt.cost),
@@ -60,6 +63,7 @@ def receipt_view(receipt: ReceiptRecord, link_prefix: str = "") -> dict[str, obj
         "request_commitment": receipt.request_commitment,
         "response_commitment": receipt.response_commitment,
         "proof_url": f"{link_prefix}/api/proofs/{receipt.id}",
+        **priced,  # each class's price applied, USD per million tokens (receipts since v3)
     }
 
 

@@ -116,8 +116,11 @@ def routes(console: Console) -> list[Endpoint]:
         rows: list[list[str]] = []
         for _, record in found[:50]:
             usage = record.usage
+            cached = usage.get("cached_input_tokens", 0)
             amount = (
-                f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"
+                f"{usage.get('input_tokens', 0)} in"
+                + (f" ({cached} cached)" if cached else "")
+                + f" / {usage.get('output_tokens', 0)} out"
                 if record.kind == "inference"
                 else f"{usage.get('duration_ms', 0)} ms"
             )

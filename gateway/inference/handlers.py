@@ -77,6 +77,7 @@ from model_gateway.gateway.inference.usage import (
     RESPONSES_KEYS,
     Prompt,
     Text,
+    UsageKeys,
     billed_usage,
     cancelled,
     reported,
@@ -144,7 +145,7 @@ def upstream_responses(
 
 
 def _show_billed(
-    answer: JSONObject, keys: tuple[str, str], prompt: Prompt, output: Text
+    answer: JSONObject, keys: UsageKeys, prompt: Prompt, output: Text
 ) -> dict[str, Any]:
     """The counts of the answer's usage as the upstream reported them (`keys` name them);
     the answer is left showing the counts that are billed."""

@@ -16,29 +16,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-class _Prices(Protocol):
-    @property
-    def input_price_per_mtok(self) -> int | None: ...
-    @property
-    def output_price_per_mtok(self) -> int | None: ...
-    @property
-    def cached_input_price_per_mtok(self) -> int | None: ...
-    @property
-    def cache_write_price_per_mtok(self) -> int | None: ...
-    @property
-    def cache_write_1h_price_per_mtok(self) -> int | None: ...
-
-
-class _Tier(_Prices, Protocol):
+class _Tier(Protocol):
     @property
     def above_input_tokens(self) -> int: ...
 
 
-class PricedModel(_Prices, Protocol):
-    """What pricing reads of a model (gateway.config.ModelConfig)."""
+class PricedModel(Protocol):
+    """What pricing reads of a model: its input and output prices (pipeline.ports.ModelInfo)
+    and, when it has them (gateway.config.ModelConfig), the other classes' prices and the
+    tiers (`*_price_per_mtok`, `price_tiers`)."""
 
     @property
-    def price_tiers(self) -> Sequence[_Tier]: ...
+    def input_price_per_mtok(self) -> int | None: ...
+    @property
+    def output_price_per_mtok(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +42,20 @@ class Rates:
     cache_write_1h: int
     output: int
 
-    def as_dict(self) -> dict[str, int]:
+    def as_usage(self) -> dict[str, int]:
+        """The prices as a receipt's usage carries them (the config's key names)."""
         return {
-            "input": self.input,
-            "cached_input": self.cached_input,
-            "cache_write": self.cache_write,
-            "cache_write_1h": self.cache_write_1h,
-            "output": self.output,
+            "input_price_per_mtok": self.input,
+            "cached_input_price_per_mtok": self.cached_input,
+            "cache_write_price_per_mtok": self.cache_write,
+            "cache_write_1h_price_per_mtok": self.cache_write_1h,
+            "output_price_per_mtok": self.output,
         }
+
+
+def _tiers(model: PricedModel) -> Sequence[_Tier]:
+    tiers: Sequence[_Tier] = getattr(model, "price_tiers", ())
+    return tiers
 
 
 def rates_for(model: PricedModel, input_tokens: int) -> Rates:
@@ -66,16 +63,18 @@ def rates_for(model: PricedModel, input_tokens: int) -> Rates:
     tier's where it sets them, else the model's; a class neither sets takes its default
     from the prices that apply (in a tier, its own input price)."""
     tier = None
-    for candidate in model.price_tiers:  # thresholds increase (config checks)
+    for candidate in _tiers(model):  # thresholds increase (config checks)
         if input_tokens > candidate.above_input_tokens:
             tier = candidate
 
     def price(name: str) -> int | None:
         value: int | None = getattr(tier, name) if tier is not None else None
-        return getattr(model, name) if value is None else value
+        value = getattr(model, name, None) if value is None else value
+        return None if value is None else int(value)  # a plain int (config's are Micros)
 
-    input_price, output_price = price("input_price_per_mtok"), price("output_price_per_mtok")
-    assert input_price is not None and output_price is not None  # priced: pricing checks
+    input_price = price("input_price_per_mtok")
+    assert input_price is not None  # priced: pricing checks before anything runs
+    output_price = price("output_price_per_mtok") or 0  # none: an embedding model
     cached = price("cached_input_price_per_mtok")
     cache_write = price("cache_write_price_per_mtok")
     cache_write = input_price if cache_write is None else cache_write
@@ -111,10 +110,32 @@ def worst_case_rates(model: PricedModel, input_bound: int) -> tuple[int, int]:
     of at most `input_bound` input tokens could reach: what its hold is priced at."""
     reachable = [rates_for(model, 0)] + [
         rates_for(model, tier.above_input_tokens + 1)
-        for tier in model.price_tiers
+        for tier in _tiers(model)
         if input_bound > tier.above_input_tokens
     ]
     input_price = max(
         max(r.input, r.cached_input, r.cache_write, r.cache_write_1h) for r in reachable
     )
     return input_price, max(r.output for r in reachable)
+
+
+# The classes every receipt priced by class shows (0 when none), and the suffix of the
+# prices applied that its usage carries (Rates.as_usage).
+RECEIPT_CLASSES = (
+    "input_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+)
+_PRICE = "_price_per_mtok"
+
+
+def split_usage(usage: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """A receipt's stored usage as its counts (every class when it was priced by class)
+    and the prices applied by class ("input", "cached_input", ...; empty: none stored)."""
+    prices = {key[: -len(_PRICE)]: value for key, value in usage.items() if key.endswith(_PRICE)}
+    counts = {key: value for key, value in usage.items() if not key.endswith(_PRICE)}
+    if prices:
+        counts = {**dict.fromkeys(RECEIPT_CLASSES, 0), **counts}
+    return counts, prices

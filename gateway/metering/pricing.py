@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from model_gateway.gateway.metering.money import cost_of_tokens
+from model_gateway.gateway.metering.class_prices import cost_by_class, worst_case_rates
 from model_gateway.pipeline.context import RequestContext
 from model_gateway.pipeline.errors import ServiceUnavailable
 
@@ -28,23 +28,29 @@ def held_output_tokens(requested: int | None, model_max: int) -> int:
     return -(-limit * _TOLERANCE_NUM // _TOLERANCE_DEN) + _TOLERANCE_EXTRA
 
 
-def _priced(price: int | None) -> int:
-    if price is None:
+def _priced(model: ModelInfo, *, output: bool = True) -> ModelInfo:
+    """The model, once it has the prices the request needs."""
+    if model.input_price_per_mtok is None or (output and model.output_price_per_mtok is None):
         # Never run a model for free because its price was left out of the config.
         raise ServiceUnavailable("The model has no price configured on this deployment.")
-    return price
+    return model
 
 
-def _prices(model: ModelInfo) -> tuple[int, int]:
-    """The model's input and output prices, in micro-units per million tokens."""
-    return _priced(model.input_price_per_mtok), _priced(model.output_price_per_mtok)
-
-
-def _input_price(model: ModelInfo) -> int:
-    return _priced(model.input_price_per_mtok)
+def _billed(ctx: RequestContext, model: ModelInfo) -> int:
+    """The cost of the usage billed, by class and tier; the prices applied go with the
+    usage (`<class>_price_per_mtok`, micro-units), so the receipt shows what was charged."""
+    usage = ctx.billing.usage if ctx.billing else {}
+    cost, rates = cost_by_class(usage, model)
+    if ctx.billing is not None:
+        ctx.billing.usage.update(rates.as_usage())
+    return cost
 
 
 class InferencePricing:
+    """Chat, Responses and Messages: input by class and output, at the tier the input
+    reaches. The hold prices the input bound (the body's bytes) at the highest input-class
+    price of any tier it could reach, and the held output at the highest output price."""
+
     kind = "inference"
 
     @staticmethod
@@ -54,30 +60,25 @@ class InferencePricing:
 
     @staticmethod
     def estimate(ctx: RequestContext) -> int:
-        model = ctx.model
-        assert model is not None  # the policy stage resolved it
-        input_price, output_price = _prices(model)
+        assert ctx.model is not None  # the policy stage resolved it
+        model = _priced(ctx.model)
         payload: ChatRequest | ResponsesRequest = ctx.payload
         # A token spans at least one byte, so the body's size bounds the prompt's tokens.
         input_tokens = len(ctx.body)
         output_tokens = held_output_tokens(payload.output_limit, model.max_output_tokens)
-        return cost_of_tokens(input_tokens, input_price) + cost_of_tokens(
-            output_tokens, output_price
-        )
+        input_price, output_price = worst_case_rates(model, input_tokens)
+        worst = input_tokens * input_price + output_tokens * output_price
+        return -(-worst // 1_000_000)  # rounded up once, as a cost is
 
     @staticmethod
     def cost(ctx: RequestContext) -> int:
         assert ctx.model is not None  # the policy stage resolved it
-        input_price, output_price = _prices(ctx.model)  # priced, or the estimate refused it
-        usage = ctx.billing.usage if ctx.billing else {}
-        return cost_of_tokens(usage.get("input_tokens", 0), input_price) + cost_of_tokens(
-            usage.get("output_tokens", 0), output_price
-        )
+        return _billed(ctx, ctx.model)  # priced, or the estimate refused it
 
 
 class EmbeddingsPricing:
-    """Embeddings: input tokens at the model's input price; they have no output (its
-    price may be left unset)."""
+    """Embeddings: input tokens at the model's input price (its tier's); they have no
+    output (its price may be left unset)."""
 
     kind = "inference"
     subject = staticmethod(InferencePricing.subject)
@@ -85,14 +86,15 @@ class EmbeddingsPricing:
     @staticmethod
     def estimate(ctx: RequestContext) -> int:
         assert ctx.model is not None  # the policy stage resolved it
+        model = _priced(ctx.model, output=False)
         # A token spans at least one byte, so the body's size bounds the input's tokens.
-        return cost_of_tokens(len(ctx.body), _input_price(ctx.model))
+        input_price, _ = worst_case_rates(model, len(ctx.body))
+        return -(-len(ctx.body) * input_price // 1_000_000)
 
     @staticmethod
     def cost(ctx: RequestContext) -> int:
         assert ctx.model is not None  # the policy stage resolved it
-        usage = ctx.billing.usage if ctx.billing else {}
-        return cost_of_tokens(usage.get("input_tokens", 0), _input_price(ctx.model))
+        return _billed(ctx, ctx.model)
 
 
 class _SandboxLimits(Protocol):

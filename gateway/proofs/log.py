@@ -43,6 +43,7 @@ import anyio
 import msgspec
 
 from model_gateway.gateway.cluster.background import stop_tasks
+from model_gateway.gateway.metering.class_prices import split_usage
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.proofs.checkpoint import DEFAULT_ORIGIN, sign_checkpoint
 from model_gateway.gateway.proofs.log_key import SigningKey, verify_signature
@@ -52,6 +53,7 @@ from model_gateway.gateway.proofs.receipts import (
     ProofDocument,
     PublicReceipt,
     PublicReceiptV1,
+    PublicReceiptV3,
     SignedTreeHead,
     canonical_bytes,
     decode_receipt,
@@ -102,7 +104,8 @@ def public_receipt(record: ReceiptRecord) -> AnyPublicReceipt:
     """The receipt's public fields: what it ran and cost, never prompts, outputs, keys or
     the project. Validated, so a record that could never verify is caught here.
 
-    Version 2, with salted commitments, for every receipt issued with salts. A receipt
+    Version 3 for a receipt priced by token class (its usage carries the prices applied),
+    else version 2, with salted commitments, for every receipt issued with salts. A receipt
     written before salts existed (settled by the old code, not yet logged when the
     gateway was upgraded) has no commitment to publish and no body left to make one
     from: it is logged as version 1, as the code that issued it would have done."""
@@ -127,7 +130,11 @@ def public_receipt(record: ReceiptRecord) -> AnyPublicReceipt:
         "request_commitment": record.request_commitment,
         "response_commitment": record.response_commitment,
     }
-    return msgspec.convert(fields, PublicReceipt)
+    counts, prices = split_usage(record.usage)
+    if not prices:
+        return msgspec.convert(fields, PublicReceipt)
+    fields |= {"usage": counts, "prices": {k: format_amount(v) for k, v in prices.items()}}
+    return msgspec.convert(fields, PublicReceiptV3)
 
 
 def _head_struct(head: TreeHeadRecord) -> SignedTreeHead:

@@ -15,8 +15,8 @@ from model_gateway.gateway.proofs.links import is_absolute
 from model_gateway.gateway.proofs.receipts import (
     AnyPublicReceipt,
     ProofDocument,
-    PublicReceipt,
     PublicReceiptV1,
+    PublicReceiptV3,
 )
 from model_gateway.gateway.proofs.verify import VerifyResult
 
@@ -98,9 +98,12 @@ def _billed(receipt: AnyPublicReceipt) -> str:
         (subject, escape(receipt.model_or_runtime)),
         ("Usage", usage),
     ]
-    if isinstance(receipt, PublicReceipt):
+    if not isinstance(receipt, PublicReceiptV1):
         counted = "the provider" if receipt.usage_source == "provider" else "the gateway"
         rows.append(("Usage counted by", counted))
+    if isinstance(receipt, PublicReceiptV3):
+        prices = ", ".join(f"{escape(k)}: {escape(v)}" for k, v in sorted(receipt.prices.items()))
+        rows.append(("Prices applied (USD per million tokens)", prices))
     return _rows(rows)
 
 

@@ -12,8 +12,11 @@ one kind of message can never be replayed as another.
 Versions: leaves already in the log never change, so every version ever logged stays
 readable. Version 1 (no "v" field) published plain SHA-256 digests of the bodies; version
 2 ("v": 2) publishes salted commitments instead (see commitments.py), `usage_source`, and
-allows the `cancelled` status. A receipt's version is its own "v" field, never a guess:
-the strict structs refuse a v1 leaf with a "v" and a v2 leaf without one.
+allows the `cancelled` status. Version 3 ("v": 3, inference receipts priced by token
+class) adds the usage by class (`cached_input_tokens`, `cache_write_tokens`,
+`reasoning_tokens` within `input_tokens` and `output_tokens`) and `prices`: each class's
+price as applied, USD per million tokens. A receipt's version is its own "v" field,
+never a guess: the strict structs refuse a v1 leaf with a "v" and a v2 leaf without one.
 """
 
 from __future__ import annotations
@@ -97,7 +100,34 @@ class PublicReceipt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     response_commitment: Sha256Hex
 
 
-AnyPublicReceipt = PublicReceiptV1 | PublicReceipt
+# A price per million tokens, decimal USD with six decimals as costs are.
+Price: TypeAlias = Cost
+
+
+class PublicReceiptV3(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Version 3: an inference receipt priced by token class (decisions.md, "Prices,
+    exactly"): the usage by class and the price of each class as applied."""
+
+    v: Literal[3] = 3
+    id: ReceiptId
+    issued_at: Timestamp
+    kind: Literal["inference"]
+    endpoint: str
+    model_or_runtime: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    usage: dict[str, Count]
+    usage_source: Literal["provider", "gateway"]
+    prices: dict[str, Price]
+    cost: Cost
+    request_commitment: Sha256Hex
+    response_commitment: Sha256Hex
+
+
+AnyPublicReceipt = PublicReceiptV1 | PublicReceipt | PublicReceiptV3
+_VERSIONS: dict[int, type[PublicReceipt] | type[PublicReceiptV3]] = {
+    2: PublicReceipt,
+    3: PublicReceiptV3,
+}
 
 
 def receipt_from_builtins(value: object) -> AnyPublicReceipt:
@@ -109,9 +139,9 @@ def receipt_from_builtins(value: object) -> AnyPublicReceipt:
         return msgspec.convert(value, PublicReceiptV1)
     version = value["v"]
     # type() and not ==: True == 1 and 2.0 == 2 in Python, and neither is a version.
-    if type(version) is not int or version != 2:
+    if type(version) is not int or version not in _VERSIONS:
         raise msgspec.ValidationError(f"unknown public receipt version {version!r}")
-    return msgspec.convert(value, PublicReceipt)
+    return msgspec.convert(value, _VERSIONS[version])
 
 
 def decode_receipt(leaf: bytes) -> AnyPublicReceipt:

@@ -49,7 +49,9 @@ def test_a_preflight_from_an_allowed_origin_is_answered(client, origin, path):
     assert cors_of(response) == {
         "access-control-allow-origin": origin,
         "access-control-allow-methods": "GET, POST, OPTIONS",
-        "access-control-allow-headers": "authorization, content-type, x-api-key, anthropic-version, anthropic-beta",
+        "access-control-allow-headers": (
+            "authorization, content-type, x-api-key, anthropic-version, anthropic-beta"
+        ),
         "access-control-max-age": "600",
     }
     assert "access-control-allow-credentials" not in response.headers

@@ -31,7 +31,7 @@ def test_cache_counts_are_part_of_the_prompt():
         }
     )
     assert usage["prompt_tokens"] == 11
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 4, "cache_write_tokens": 2}
 
 
 @pytest.mark.parametrize("bad", [-1, "5", 5.5, True, 2**63])

@@ -11,19 +11,17 @@ import httpx
 import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
-from model_gateway.gateway.metering.money import cost_of_tokens
 from tests.metering.billing import books, micros
 from tests.support.fake_upstream import BROKEN_USAGE_MODES, REPLY
-from tests.support.inference import sse_payloads
+from tests.support.inference import by_class, sse_payloads
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
 PROMPT = "Count these words for me, please."
 # What the gateway counts for PROMPT and the fakes' REPLY, and what it costs at the test
 # models' prices (0.50 and 1.50 USD per million tokens).
-COUNTED = {"input_tokens": estimate_tokens(PROMPT), "output_tokens": estimate_tokens(REPLY)}
-COST = cost_of_tokens(COUNTED["input_tokens"], 500_000) + cost_of_tokens(
-    COUNTED["output_tokens"], 1_500_000
-)
+COUNTED = by_class(estimate_tokens(PROMPT), estimate_tokens(REPLY))
+# Rounded up once over the classes (decisions.md, "Prices, exactly").
+COST = -(-(COUNTED["input_tokens"] * 500_000 + COUNTED["output_tokens"] * 1_500_000) // 10**6)
 
 
 def body(endpoint: str, model: str, stream: bool) -> dict:
@@ -77,7 +75,7 @@ def test_broken_usage_is_replaced_by_the_gateways_count(
     before = books(gw, project)
     response = session.post(PATHS[endpoint], json=body(endpoint, f"{provider}/{mode}", stream))
     assert response.status_code == 200, response.text
-    assert shown_usage(endpoint, stream, response) == COUNTED
+    assert by_class(**shown_usage(endpoint, stream, response)) == COUNTED
     receipt = session.get(f"/v1/receipts/{response.headers['x-receipt-id']}").json()
     assert receipt["status"] == "succeeded"
     assert receipt["usage"] == COUNTED

@@ -286,7 +286,13 @@ def test_a_chat_stream_as_messages_events_in_anthropics_order():
         "cache_read_input_tokens": 6,
         "output_tokens": 9,
     }
-    assert renderer.usage() == {"input_tokens": 20, "output_tokens": 9}  # billed: all input
+    # Billed: all input, the cache reads and writes within it, as reported.
+    assert renderer.usage() == {
+        "input_tokens": 20,
+        "output_tokens": 9,
+        "cached_input_tokens": 6,
+        "cache_write_tokens": 4,
+    }
 
 
 def _native(*events: dict) -> bytes:
@@ -325,7 +331,12 @@ def test_an_anthropic_stream_passes_byte_for_byte_but_the_model_whatever_its_rea
     renderer = MessagesPassThrough("sonnet", PROMPT, Delivered(1000))
     out = relay(NativeMessagesEvents("p"), renderer, split(raw, cuts))
     assert out == raw.replace(b'"model":"claude-upstream"', b'"model":"sonnet"')
-    assert renderer.usage() == {"input_tokens": 7, "output_tokens": 3}
+    assert renderer.usage() == {
+        "input_tokens": 7,
+        "output_tokens": 3,
+        "cached_input_tokens": 2,
+        "cache_write_tokens": 0,
+    }
     assert renderer.delivered.size == len("Hi é!".encode())
 
 

@@ -31,7 +31,9 @@ async def test_preflight_from_an_allowed_origin_is_answered_without_the_inner_ap
     assert cors_headers(reply) == {
         "access-control-allow-origin": ALLOWED,
         "access-control-allow-methods": "GET, POST, OPTIONS",
-        "access-control-allow-headers": "authorization, content-type, x-api-key, anthropic-version, anthropic-beta",
+        "access-control-allow-headers": (
+            "authorization, content-type, x-api-key, anthropic-version, anthropic-beta"
+        ),
         "access-control-max-age": "600",
     }
     assert "access-control-allow-credentials" not in reply.headers

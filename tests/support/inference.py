@@ -125,3 +125,16 @@ def split(raw: bytes, cuts: list[int]) -> list[bytes]:
     """`raw` cut at those offsets: the reads a stream may arrive in."""
     bounds = [0, *sorted(set(cuts)), len(raw)]
     return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def by_class(input_tokens: int, output_tokens: int, **classes: int) -> dict[str, int]:
+    """The usage an inference receipt shows: all input and output, and every class within
+    them (0 when none): decisions.md, "Prices, exactly"."""
+    return {
+        "input_tokens": input_tokens,
+        "cached_input_tokens": 0,
+        "cache_write_tokens": 0,
+        "output_tokens": output_tokens,
+        "reasoning_tokens": 0,
+        **classes,
+    }

@@ -162,16 +162,23 @@ def chat_usage(usage: Any) -> JSONObject:
     if not isinstance(usage, dict):
         usage = {}
     cached = token_count(usage.get("cache_read_input_tokens", 0)) or 0
+    writes = token_count(usage.get("cache_creation_input_tokens", 0)) or 0
+    # Anthropic reports 1-hour cache writes apart (priced apart) within the writes.
+    split = usage.get("cache_creation")
+    one_hour = split.get("ephemeral_1h_input_tokens") if isinstance(split, dict) else None
     prompt = _sum_of_counts(
         usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"
     )
     completion = _sum_of_counts(usage, "output_tokens")
     total = None if prompt is None or completion is None else prompt + completion
+    details = {"cached_tokens": cached, "cache_write_tokens": writes}
+    if one_hour:
+        details["cache_write_1h_tokens"] = token_count(one_hour) or 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": total,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
     }
 
 

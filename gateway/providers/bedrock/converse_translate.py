@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from model_gateway.gateway.inference.usage import token_count
 from model_gateway.gateway.providers.anthropic import anthropic_messages
 
 if TYPE_CHECKING:
@@ -166,17 +165,14 @@ def chat_usage(usage: Any) -> JSONObject:
     its details; a count the upstream broke stays None, never a guess."""
     if not isinstance(usage, dict):
         usage = {}
-    write = usage.get("cacheWriteInputTokens")
-    chat = anthropic_messages.chat_usage(
+    return anthropic_messages.chat_usage(
         {
             "input_tokens": usage.get("inputTokens"),
             "output_tokens": usage.get("outputTokens"),
             "cache_read_input_tokens": usage.get("cacheReadInputTokens"),
-            "cache_creation_input_tokens": write,
+            "cache_creation_input_tokens": usage.get("cacheWriteInputTokens"),
         }
     )
-    chat["prompt_tokens_details"]["cache_write_tokens"] = token_count(write) or 0
-    return chat
 
 
 def _stop_reason(reason: str | None) -> str | None:
