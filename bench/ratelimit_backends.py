@@ -114,9 +114,10 @@ async def measure(limiter, server, callers: int, seconds: float) -> dict:
 
     async def caller() -> None:
         nonlocal calls
-        buckets = [(project, NEVER_REFUSES), (f"key_{secrets.token_hex(4)}", NEVER_REFUSES)]
+        key = f"key_{secrets.token_hex(4)}"
+        buckets = [(project, NEVER_REFUSES, 1), (key, NEVER_REFUSES, 1)]  # (name, limit, units)
         while time.monotonic() < stop:
-            assert await limiter.acquire(buckets) == 0
+            assert (await limiter.acquire(buckets)).wait_s == 0
             calls += 1
 
     before = ticks(await server.pids()) if server else {}
