@@ -31,6 +31,7 @@ from model_gateway.gateway.config import (
     SandboxNodeEntry,
     load_config,
 )
+from model_gateway.gateway.providers import build_provider
 from model_gateway.storage import StorageError, open_storage
 
 NODE_TIMEOUT_S = 3
@@ -135,7 +136,7 @@ def _secrets(config: Config) -> Iterator[Check]:
 
 def _providers(config: Config) -> Iterator[Check]:
     for name, provider in config.providers.items():
-        why = provider.not_ready_because()
+        why = provider.not_ready_because() or build_provider(name, provider).credential_problem()
         served = sorted(m for m, model in config.models.items() if model.provider == name)
         needed = [m for m in served if config.models[m].available]
         if not why:

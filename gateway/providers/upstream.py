@@ -94,6 +94,12 @@ class Provider:
     async def start(self) -> None:
         """Open what the provider keeps between requests."""
 
+    def credential_problem(self) -> str | None:
+        """Why the credentials this kind finds itself (a library's default chain, when
+        the config names none) are missing, for `gateway doctor`; None: found, or
+        nothing to find. Blocking: the offline doctor calls it, never a request."""
+        return None
+
     async def close(self) -> None:
         """Close it."""
 

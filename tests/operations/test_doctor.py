@@ -72,6 +72,66 @@ def test_a_missing_credential_names_the_variable(served):
     }
 
 
+KINDS = """
+[providers.aws]
+kind = "bedrock"
+region = "us-east-1"
+access_key_env = "GATEWAY_DOCTOR_AWS_KEY"
+secret_key_env = "GATEWAY_DOCTOR_AWS_SECRET"
+
+[providers.aws-chain]
+kind = "bedrock"
+region = "us-east-1"
+
+[providers.gcp]
+kind = "vertex"
+project = "p"
+credentials_file = "secrets/none-such.json"
+
+[providers.gcp-adc]
+kind = "vertex"
+project = "p"
+
+[providers.gem]
+kind = "gemini"
+api_key_env = "GATEWAY_DOCTOR_GEMINI_KEY"
+"""
+# No credentials anywhere a library's default chain looks: no variables, no home files,
+# no metadata servers.
+NO_CHAIN = {
+    "GATEWAY_DOCTOR_AWS_KEY": "",
+    "GATEWAY_DOCTOR_AWS_SECRET": "",
+    "GATEWAY_DOCTOR_GEMINI_KEY": "",
+    "AWS_ACCESS_KEY_ID": "",
+    "AWS_SECRET_ACCESS_KEY": "",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "GOOGLE_APPLICATION_CREDENTIALS": "",
+    "NO_GCE_CHECK": "True",
+}
+
+
+def test_each_kind_names_its_missing_credential(tmp_path):
+    """A named variable or file by its name; a library's default chain that finds nothing
+    by what would make it find some (decisions.md, "Upstream providers")."""
+    process = GatewayProcess(tmp_path, extra_config=KINDS)
+    process.start()
+    process.stop()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**NO_CHAIN, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud")}
+    code, report = doctor(process, env)
+    found = warnings(report)  # no available model needs them: warnings, not problems
+    assert code == 0
+    assert found["provider aws"].startswith("GATEWAY_DOCTOR_AWS_KEY is not set")
+    assert found["provider gem"].startswith("GATEWAY_DOCTOR_GEMINI_KEY is not set")
+    assert str(tmp_path / "secrets" / "none-such.json") in found["provider gcp"]
+    assert (
+        "botocore's default credential chain found no AWS credentials"
+        in found["provider aws-chain"]
+    )
+    assert "no Google application default credentials" in found["provider gcp-adc"]
+
+
 def test_a_secret_readable_by_others_is_named_with_the_fix(served):
     pepper = served.folder / "data" / "key-pepper"
     pepper.chmod(0o644)

@@ -81,6 +81,15 @@ class BedrockProvider(HttpProvider):
         self.region = config.region or ""
         self.chain: Any = None  # the default chain's credentials (none named)
 
+    def credential_problem(self) -> str | None:
+        if self.config.access_key_env is not None or _default_credentials() is not None:
+            return None  # named variables are the config's to check (not_ready_because)
+        return (
+            "botocore's default credential chain found no AWS credentials: name "
+            "access_key_env and secret_key_env, or set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, a profile in ~/.aws, or an instance role"
+        )
+
     async def start(self) -> None:
         await super().start()
         if self.config.access_key_env is not None:

@@ -56,6 +56,18 @@ class VertexProvider(GenerateContentProvider):
 
     # google-auth's functions are untyped: their calls carry `type: ignore[no-untyped-call]`.
 
+    def credential_problem(self) -> str | None:
+        if self.config.credentials_file is not None:
+            return None  # a named file is the config's to check (not_ready_because)
+        try:
+            google.auth.default(scopes=SCOPES)
+        except DefaultCredentialsError:
+            return (
+                "no Google application default credentials: name credentials_file, or set "
+                "GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`"
+            )
+        return None
+
     async def start(self) -> None:
         await super().start()
         # No retries or redirects of urllib3's own: google-auth retries the token request.
