@@ -45,6 +45,9 @@ lint: $(STAMP) $(PKG_PATH)/model_gateway
 	$(BIN)/mypy  # strict on the whole package: gateway/, pipeline/, storage/ (pyproject.toml)
 
 # One executable holding the server, the CLI and the sandbox node (`make dist DIST=folder`).
+# The vendor libraries of the provider kinds (botocore, google-auth) and the price catalog
+# (genai-prices, which reads its own version from its package metadata) come in through
+# the kinds' imports; tests/operations/test_single_binary.py serves each of them.
 # --collect-data takes every file of a package that is not Python (the console's static
 # folder, the migrations, whatever is added later), found, not listed here. It looks the
 # packages up before --paths applies: PYTHONPATH puts the link ahead of the editable
@@ -57,6 +60,7 @@ dist: $(STAMP) $(PKG_PATH)/model_gateway
 	PYTHONPATH=$(PKG_PATH) $(BIN)/pyinstaller --onefile --name gateway --paths $(PKG_PATH) --log-level WARN \
 		$(foreach p,$(DIST_PACKAGES),--collect-submodules $(p) --collect-data $(p)) \
 		--collect-submodules uvicorn --hidden-import uvloop --hidden-import httptools \
+		--copy-metadata genai-prices \
 		--distpath $(DIST) --workpath $(DIST)/.build --specpath $(DIST)/.build $(CURDIR)/gateway/__main__.py
 
 bench: $(STAMP)

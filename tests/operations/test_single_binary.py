@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.fake_bedrock import FakeBedrock
+from tests.support.fake_gemini import FakeGemini, FakeVertex, model_block
 from tests.support.gateway_process import free_port
 from tests.support.inference import sse_payloads
 
@@ -37,11 +39,11 @@ def binary(tmp_path_factory) -> Path:
     return built / "gateway"
 
 
-def run(folder: Path, *args: str, input: str | None = None) -> dict:
+def run(folder: Path, *args: str, input: str | None = None, env: dict | None = None) -> dict:
     done = subprocess.run(
         ["./gateway", *args, "--json"],
         cwd=folder,
-        env=BARE_ENV,
+        env=env or BARE_ENV,
         input=input,
         capture_output=True,
         text=True,
@@ -73,6 +75,18 @@ def check_the_console(url: str, email: str, password: str) -> None:
             assert asset.content == shipped.read_bytes()
 
 
+def wait_healthy(server: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        assert server.poll() is None, log.read_text()
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
 def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
     folder = tmp_path / "empty"
     folder.mkdir()
@@ -94,15 +108,7 @@ def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        wait_healthy(server, url, tmp_path / "serve.log")
         body = {
             "model": "echo-1",
             "stream": True,
@@ -124,3 +130,55 @@ def test_the_binary_alone_serves_the_first_requests(binary, tmp_path):
         server.wait(timeout=20)
     assert sorted(p.name for p in folder.iterdir()) == ["data", "gateway"]
     assert "embedded defaults" in (tmp_path / "serve.log").read_text()
+
+
+def test_the_binary_carries_every_provider_kinds_libraries(binary, tmp_path):
+    """The kinds' vendor libraries and the price catalog, imported only when configured,
+    are inside: Signature V4 (botocore), a service-account token (google-auth) and the
+    genai-prices dataset serve from the binary alone, against the vendor-checking fakes."""
+    folder = tmp_path / "kinds"
+    folder.mkdir()
+    shutil.copy2(binary, folder / "gateway")
+    port = free_port()
+    with FakeBedrock() as bedrock, FakeVertex() as vertex, FakeGemini() as gemini:
+        config, env = f"[server]\nport = {port}\n", dict(BARE_ENV)
+        for name, fake in (("bed", bedrock), ("vtx", vertex), ("gem", gemini)):
+            block, variables = fake.provider_config(name)
+            config += block + model_block(f"{name}/normal", name, "normal")
+            env |= variables
+        config += (
+            '[providers.local]\nkind = "echo"\n'
+            '[models.catalogued]\nprovider = "local"\nupstream = "echo-1"\n'
+            'prices = "catalog"\ncatalog_id = "anthropic/claude-sonnet-4-5"\n'
+        )
+        (folder / "config.toml").write_text(config)
+        project = run(folder, "projects", "create", "kinds", "--balance", "5", env=env)["id"]
+        key = run(folder, "keys", "create", "--project", project, "--scopes", "inference", env=env)
+        server = subprocess.Popen(
+            ["./gateway", "serve"],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "kinds.log").open("wb"),
+            start_new_session=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(server, url, tmp_path / "kinds.log")
+            headers = {"Authorization": f"Bearer {key['key']}"}
+            for model in ("bed/normal", "vtx/normal", "gem/normal", "catalogued"):
+                for stream in (False, True):
+                    body = {
+                        "model": model,
+                        "stream": stream,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
+                    done = httpx.post(
+                        url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+                    )
+                    assert done.status_code == 200, (model, stream, done.text)
+                    assert "x-receipt-id" in done.headers
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=20)
+    assert bedrock.sent() and vertex.sent() and gemini.sent()
