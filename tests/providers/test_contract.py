@@ -4,19 +4,26 @@ tests/support/contract.py), one real `gateway serve` in front of one fake of eac
 vendor, each checking credentials and bodies as its vendor does (tests/support/fake_*).
 
 Models are `<kind>/<mode>`: a provider named after its kind, the fake's mode as the
-upstream name, the same prices everywhere; the built-in echo kind takes the cases that
-apply to it, with its own answers. Cases: an answer, its usage and its exact receipt; a
-tool call and the turn with its result; the vendor's max-tokens stop; cache reads in
-the usage; credentials rejected (502, logged, a fallback to echo); upstream failures
-(429, 500, a stream cut, a malformed answer); credentials missing (503, nothing sent).
+upstream name, the same prices everywhere, a different one for each token class; the
+built-in echo kind takes the cases that apply to it, with its own answers. Cases: an
+answer, its usage and its exact receipt; a tool call and the turn with its result; the
+vendor's max-tokens stop; cache reads, cache writes and reasoning in the vendor's own
+usage, each billed at its class's price; a price tier; credentials rejected (502,
+logged, a fallback to echo); upstream failures (429, 500, a stream cut, a malformed
+answer); credentials missing (503, nothing sent).
 
-A case that a fake cannot play is skipped with the reason; a gateway bug a case shows is
-an xfail (strict) in GATEWAY_BUGS, named by (case, kind, api).
+Billing is checked exactly (decisions.md, "Prices, exactly"): the receipt shows every
+class, the prices applied and the cost the spec's rule gives, computed here from the
+usage the vendor reported in its own shape; the project's balance moves by that cost.
+
+A gateway bug a case shows is an xfail (strict) in GATEWAY_BUGS, named by (case, kind,
+api).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import time
 import uuid
@@ -30,9 +37,11 @@ import openai
 import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
+from tests.metering.billing import books, micros
+from tests.support import fake_anthropic
 from tests.support.contract import APIS, Answer, Api, Clients, Failure, Usage, sse_events
 from tests.support.errors import assert_error
-from tests.support.fake_anthropic import CACHE_READS, CACHE_WRITES, FakeAnthropic
+from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.fake_azure import FakeAzure
 from tests.support.fake_bedrock import ACCESS_KEY, CACHE_READ, CACHE_WRITE, FakeBedrock
 from tests.support.fake_gemini import CACHED_TOKENS, THOUGHT_TOKENS, FakeGemini, FakeVertex
@@ -61,34 +70,40 @@ FAKES = {
 }
 MODES = ["normal", "tool-call", "length", "cached", "fault-401", "fault-429", "fault-500"]
 MODES += ["cut-mid-stream", MALFORMED]
-UPSTREAM = {("anthropic", "cached"): "cache"}  # the mode's name at that fake
-INPUT_PRICE, OUTPUT_PRICE = "1.25", "10.00"  # per million tokens, every model
+# USD per million tokens of each class (the config's `<class>_price_per_mtok`), every
+# model's: no two alike, so that a token billed in another class changes the cost, and in
+# cents, so that a class's share of it is a fraction of a micro-unit (rounded up once).
+PRICES = {
+    "input": "3.00",
+    "cached_input": "0.30",
+    "cache_write": "3.75",
+    "cache_write_1h": "6.00",
+    "output": "15.00",
+}
+# The tier of the tier models, whose threshold the input of some exceeds: all different.
+TIER_PRICES = {
+    "input": "6.00",
+    "cached_input": "0.60",
+    "cache_write": "7.50",
+    "cache_write_1h": "12.00",
+    "output": "22.50",
+}
 LIMIT = 16  # the output limit of the length case (Responses takes no fewer)
 # Longer than LIMIT tokens, so that the echo stops at the limit too.
 PROMPT = "Tell me something about the weather in Paris today, please."
 TO_ECHO = 'fallbacks = [{provider = "local", upstream = "echo-1"}]'
 
-# Cases a fake cannot play: (kind, api family, case) -> why.
-FAKE_GAPS = {
-    ("openai", "responses", "tool"): "FakeOpenAI's /v1/responses has no tool-call mode: "
-    "it answers its text whatever the tools",
-    ("openai", "responses", "length"): "FakeOpenAI's /v1/responses has no length mode: "
-    "it always completes",
-}
 # Gateway bugs the cases show: (case, kind, api) -> what is wrong.
 GATEWAY_BUGS: dict[tuple[str, str, str], str] = {}
 
 
 def matrix(case: str, kinds: list[str] = KINDS) -> list:
-    """(kind, api) for every kind and inbound API, with the case's skips and xfails."""
+    """(kind, api) for every kind and inbound API, with the case's xfails."""
     params = []
     for kind in kinds:
         for api in APIS:
-            marks = []
-            if gap := FAKE_GAPS.get((kind, api.family, case)):
-                marks.append(pytest.mark.skip(reason=gap))
-            if bug := GATEWAY_BUGS.get((case, kind, repr(api))):
-                marks.append(pytest.mark.xfail(strict=True, reason=bug))
+            bug = GATEWAY_BUGS.get((case, kind, repr(api)))
+            marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
             params.append(pytest.param(kind, api, id=f"{kind}-{api!r}", marks=marks))
     return params
 
@@ -146,6 +161,11 @@ def _chat_limit(sent: Recorded) -> int | None:
     return sent.body.get("max_completion_tokens") or sent.body.get("max_tokens")
 
 
+def _openai_limit(sent: Recorded) -> int | None:
+    """Chat Completions', or Responses' (which the Responses API passes to its upstream)."""
+    return _chat_limit(sent) or sent.body.get("max_output_tokens")
+
+
 def _bearer(sent: Recorded) -> str:
     return sent.headers.get("authorization", "").removeprefix("Bearer ")
 
@@ -164,7 +184,7 @@ VENDORS = {
     "openai": Vendor(
         lambda sent: sent.body["model"],
         lambda fake, sent: _bearer(sent) == fake.credential,
-        _chat_limit,
+        _openai_limit,
     ),
     "azure": Vendor(
         lambda sent: sent.path.split("/")[3],  # /openai/deployments/{upstream}/...
@@ -195,22 +215,104 @@ VENDORS = {
     ),
 }
 
-# The `cached` mode's usage at each fake (all input, output, cache reads and writes) and
-# the reasoning within its output.
+
+# --- the `cached` mode's usage, as each vendor reports it ------------------------------------
+# Each vendor's usage object as its fake reports it, and its convention read into the
+# gateway's classes (all input and all output, the classes within them).
+
+
+def _openai_usage(usage: dict) -> Usage:
+    """Chat Completions' (Responses' has the same counts in its own names): prompt and
+    completion tokens are all of each, the cache's reads and the reasoning within them."""
+    return Usage(
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        cache_reads=usage["prompt_tokens_details"]["cached_tokens"],
+        reasoning=usage["completion_tokens_details"]["reasoning_tokens"],
+    )
+
+
+def _anthropic_usage(usage: dict) -> Usage:
+    """Messages': `input_tokens` is the input the cache neither read nor wrote; the
+    writes are split by how long they stay (the 1-hour ones priced apart)."""
+    reads, writes = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
+    return Usage(
+        usage["input_tokens"] + reads + writes,
+        usage["output_tokens"],
+        reads,
+        writes,
+        usage["cache_creation"]["ephemeral_1h_input_tokens"],
+    )
+
+
+def _google_usage(usage: dict) -> Usage:
+    """Gemini's and Vertex's: the prompt count includes the cached content; the thoughts
+    are output beside the candidates'."""
+    thoughts = usage["thoughtsTokenCount"]
+    return Usage(
+        usage["promptTokenCount"],
+        usage["candidatesTokenCount"] + thoughts,
+        cache_reads=usage["cachedContentTokenCount"],
+        reasoning=thoughts,
+    )
+
+
+def _bedrock_usage(usage: dict) -> Usage:
+    """Converse's: `inputTokens` is the input the cache neither read nor wrote."""
+    reads, writes = usage["cacheReadInputTokens"], usage["cacheWriteInputTokens"]
+    return Usage(usage["inputTokens"] + reads + writes, usage["outputTokens"], reads, writes)
+
+
+OPENAI_CACHED = _openai_usage(
+    {
+        "prompt_tokens": INPUT_TOKENS,
+        "completion_tokens": OUTPUT_TOKENS,
+        "prompt_tokens_details": {"cached_tokens": CACHED_READS},
+        "completion_tokens_details": {"reasoning_tokens": REASONING},
+    }
+)
+GOOGLE_CACHED = _google_usage(
+    {
+        "promptTokenCount": INPUT_TOKENS,
+        "cachedContentTokenCount": CACHED_TOKENS,
+        "candidatesTokenCount": OUTPUT_TOKENS - THOUGHT_TOKENS,
+        "thoughtsTokenCount": THOUGHT_TOKENS,
+    }
+)
+ANTHROPIC_READS, ANTHROPIC_WRITES = fake_anthropic.CACHED_READS, fake_anthropic.CACHED_WRITES
 CACHED = {
-    "openai": (Usage(INPUT_TOKENS, OUTPUT_TOKENS, CACHED_READS), REASONING),
-    "azure": (Usage(INPUT_TOKENS, OUTPUT_TOKENS, CACHED_READS), REASONING),
-    "anthropic": (
-        Usage(INPUT_TOKENS + CACHE_READS + CACHE_WRITES, OUTPUT_TOKENS, CACHE_READS, CACHE_WRITES),
-        0,
+    "openai": OPENAI_CACHED,
+    "azure": OPENAI_CACHED,
+    "anthropic": _anthropic_usage(
+        {
+            "input_tokens": INPUT_TOKENS - ANTHROPIC_READS - ANTHROPIC_WRITES,
+            "cache_read_input_tokens": ANTHROPIC_READS,
+            "cache_creation_input_tokens": ANTHROPIC_WRITES,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": ANTHROPIC_WRITES - fake_anthropic.CACHED_WRITES_1H,
+                "ephemeral_1h_input_tokens": fake_anthropic.CACHED_WRITES_1H,
+            },
+            "output_tokens": OUTPUT_TOKENS,
+        }
     ),
-    "gemini": (Usage(INPUT_TOKENS, OUTPUT_TOKENS, CACHED_TOKENS), THOUGHT_TOKENS),
-    "vertex": (Usage(INPUT_TOKENS, OUTPUT_TOKENS, CACHED_TOKENS), THOUGHT_TOKENS),
-    "bedrock": (Usage(INPUT_TOKENS, OUTPUT_TOKENS, CACHE_READ, CACHE_WRITE), 0),
+    "gemini": GOOGLE_CACHED,
+    "vertex": GOOGLE_CACHED,
+    "bedrock": _bedrock_usage(
+        {
+            "inputTokens": INPUT_TOKENS - CACHE_READ - CACHE_WRITE,
+            "cacheReadInputTokens": CACHE_READ,
+            "cacheWriteInputTokens": CACHE_WRITE,
+            "outputTokens": OUTPUT_TOKENS,
+        }
+    ),
 }
 
 
 # --- the gateway -----------------------------------------------------------------------------
+
+
+def _prices(prices: dict[str, str]) -> str:
+    return "".join(f'{name}_price_per_mtok = "{price}"\n' for name, price in prices.items())
 
 
 def _model(model_id: str, provider: str, upstream: str, extra: str = "") -> str:
@@ -218,12 +320,18 @@ def _model(model_id: str, provider: str, upstream: str, extra: str = "") -> str:
 [models."{model_id}"]
 provider = "{provider}"
 upstream = "{upstream}"
-input_price_per_mtok = "{INPUT_PRICE}"
-output_price_per_mtok = "{OUTPUT_PRICE}"
-supports_tools = true
+{_prices(PRICES)}supports_tools = true
 max_output_tokens = 256
 {extra}
 """
+
+
+def _tiered(model_id: str, provider: str, above_input_tokens: int) -> str:
+    """A model of the `cached` mode with a tier above `above_input_tokens`."""
+    tier = f"""[[models."{model_id}".price_tiers]]
+above_input_tokens = {above_input_tokens}
+{_prices(TIER_PRICES)}"""
+    return _model(model_id, provider, "cached") + tier
 
 
 def _not_configured(fake, name: str, folder) -> str:
@@ -253,8 +361,11 @@ def gw(tmp_path_factory, fakes):
         config += block + _not_configured(fake, f"{kind}-unset", folder)
         env |= variables
         for mode in MODES:
-            config += _model(f"{kind}/{mode}", kind, UPSTREAM.get((kind, mode), mode))
+            config += _model(f"{kind}/{mode}", kind, mode)
         config += _model(f"{kind}/401-falls-back", kind, "fault-401", TO_ECHO)
+        # Its input exceeds the tier's threshold by one, or just reaches it.
+        config += _tiered(f"{kind}/tier-above", kind, CACHED[kind].input - 1)
+        config += _tiered(f"{kind}/tier-at", kind, CACHED[kind].input)
         config += _model(f"{kind}/unset", f"{kind}-unset", "normal")
     for mode in ("normal", "tool-call", "length"):
         config += _model(f"{ECHO}/{mode}", "local", "echo-1")
@@ -268,18 +379,43 @@ def key(gw) -> str:
     return gw.create_key(project, "inference,receipts")
 
 
-@pytest.fixture(scope="module")
-def clients(gw, key) -> Clients:
+def _clients(gw: GatewayProcess, key: str) -> Clients:
     return Clients(
         openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20),
         anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=20),
     )
 
 
+def _http(gw: GatewayProcess, key: str) -> httpx.Client:
+    return httpx.Client(base_url=gw.url, headers={"x-api-key": key}, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def clients(gw, key) -> Clients:
+    return _clients(gw, key)
+
+
 @pytest.fixture(scope="module")
 def http(gw, key):
-    with httpx.Client(base_url=gw.url, headers={"x-api-key": key}, timeout=20) as session:
+    with _http(gw, key) as session:
         yield session
+
+
+@dataclass
+class Payer:
+    project: str
+    clients: Clients
+    http: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def payer(gw):
+    """A project of the billing cases alone, whose books nothing else moves (another
+    case's request may still be settling when the next one starts)."""
+    project = gw.create_project("contract-billed", "--balance", "1000")
+    key = gw.create_key(project, "inference,receipts")
+    with _http(gw, key) as session:
+        yield Payer(project, _clients(gw, key), session)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -299,12 +435,39 @@ def _answer(outcome: Answer | Failure) -> Answer:
     return outcome
 
 
-def _cost(input_tokens: int, output_tokens: int) -> str:
-    """Usage x prices, rounded up to the micro-unit once, as a decimal string."""
-    micros_per_mtok = [int(Decimal(price) * 1_000_000) for price in (INPUT_PRICE, OUTPUT_PRICE)]
-    total = input_tokens * micros_per_mtok[0] + output_tokens * micros_per_mtok[1]
-    micros = -(-total // 1_000_000)
-    return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
+def _cost(usage: Usage, prices: dict[str, str]) -> str:
+    """The spec's cost: the tokens of each class x its price, summed, rounded up to the
+    micro-unit once; uncached input is all input less the cache's reads and writes, and
+    output includes reasoning. Tokens x USD per million tokens = micro-units."""
+    tokens = {
+        "input": usage.input - usage.cache_reads - usage.cache_writes,
+        "cached_input": usage.cache_reads,
+        "cache_write": usage.cache_writes - usage.cache_writes_1h,
+        "cache_write_1h": usage.cache_writes_1h,
+        "output": usage.output,
+    }
+    cost = math.ceil(sum(count * Decimal(prices[name]) for name, count in tokens.items()))
+    return f"{cost // 1_000_000}.{cost % 1_000_000:06d}"
+
+
+def _billed(gw: GatewayProcess, payer: Payer, api: Api, model: str, prompt: str):
+    """Ask as the payer: the answer and its receipt, the project's balance moved by
+    exactly the receipt's cost and nothing left held."""
+    before = books(gw, payer.project)
+    answer = _answer(api.ask(payer.clients, model, prompt))
+    receipt = _receipt(payer.http, answer.headers)
+    after = books(gw, payer.project)
+    assert before["balance"] - after["balance"] == micros(receipt["cost"])
+    assert after["month_spend"] - before["month_spend"] == micros(receipt["cost"])
+    assert after["reserved"] == 0
+    return answer, receipt
+
+
+def _priced(receipt: dict, usage: Usage, prices: dict[str, str]) -> None:
+    """The receipt bills `usage` by class at `prices`, as the spec computes it."""
+    assert receipt["usage"] == usage.receipt()
+    assert receipt["prices"] == {name: f"{Decimal(p):.6f}" for name, p in prices.items()}
+    assert receipt["cost"] == _cost(usage, prices)
 
 
 def _until(find: Callable, what: str):
@@ -325,11 +488,6 @@ def _receipt(http: httpx.Client, headers) -> dict:
         return response.json() if response.status_code == 200 else None
 
     return _until(fetch, f"no receipt at {path}")
-
-
-def _billed(receipt: dict) -> dict[str, int]:
-    """The receipt's usage by class, the classes it billed none of left out."""
-    return {name: count for name, count in receipt["usage"].items() if count}
 
 
 def _logged(gw: GatewayProcess, request_id: str, text: str) -> list[str]:
@@ -393,9 +551,9 @@ def _raw_in_band(api: Api, http: httpx.Client, model: str, prompt: str) -> None:
 
 
 @pytest.mark.parametrize(("kind", "api"), matrix("normal", [*KINDS, ECHO]))
-def test_answer_usage_and_receipt(kind: str, api: Api, clients, http, fakes):
+def test_answer_usage_and_receipt(kind: str, api: Api, gw, payer, fakes):
     prompt, model, replies = _prompt(), f"{kind}/normal", REPLIES[kind]
-    answer = _answer(api.ask(clients, model, prompt))
+    answer, receipt = _billed(gw, payer, api, model, prompt)
     assert (answer.model, answer.text) == (model, replies.text(prompt))
     assert answer.stop == api.stops["normal"]
     if api.stream:
@@ -403,11 +561,9 @@ def test_answer_usage_and_receipt(kind: str, api: Api, clients, http, fakes):
     usage = replies.usage(prompt)
     assert answer.usage == api.shown(usage)
     assert answer.headers["x-gateway-provider"] == _provider(kind)
-    receipt = _receipt(http, answer.headers)
     assert (receipt["status"], receipt["model"]) == ("succeeded", model)
     assert receipt["provider"] == _provider(kind)
-    assert _billed(receipt) == {"input_tokens": usage.input, "output_tokens": usage.output}
-    assert receipt["cost"] == _cost(usage.input, usage.output)
+    _priced(receipt, usage, PRICES)
     if kind != ECHO:
         _sent(fakes, kind, prompt, "normal")
 
@@ -445,26 +601,27 @@ def test_the_vendors_length_stop(kind: str, api: Api, clients, http, fakes):
         assert VENDORS[kind].limit(sent) == LIMIT
 
 
-# --- 4. cache reads --------------------------------------------------------------------------
+# --- 4. cache reads and writes, reasoning; a price tier --------------------------------------
 
 
 @pytest.mark.parametrize(("kind", "api"), matrix("cached"))
-def test_cache_reads_in_the_usage(kind: str, api: Api, clients, http, fakes):
-    prompt, model = _prompt(), f"{kind}/cached"
-    usage, reasoning = CACHED[kind]
-    answer = _answer(api.ask(clients, model, prompt))
+def test_each_token_class_is_billed_at_its_price(kind: str, api: Api, gw, payer, fakes):
+    prompt, model, usage = _prompt(), f"{kind}/cached", CACHED[kind]
+    answer, receipt = _billed(gw, payer, api, model, prompt)
     assert answer.text == REPLY  # a reasoning part, if any, is not shown
     assert answer.usage == api.shown(usage)
-    receipt = _receipt(http, answer.headers)
-    classes = {
-        "cached_input_tokens": usage.cache_reads,
-        "cache_write_tokens": usage.cache_writes,
-        "reasoning_tokens": reasoning,
-    }
-    expected = {"input_tokens": usage.input, "output_tokens": usage.output}
-    assert _billed(receipt) == expected | {name: n for name, n in classes.items() if n}
-    assert receipt["cost"] == _cost(usage.input, usage.output)  # cache reads at the input price
-    _sent(fakes, kind, prompt, UPSTREAM.get((kind, "cached"), "cached"))
+    assert receipt["status"] == "succeeded"
+    _priced(receipt, usage, PRICES)
+    _sent(fakes, kind, prompt, "cached")
+
+
+@pytest.mark.parametrize("side", ["above", "at"])
+@pytest.mark.parametrize(("kind", "api"), matrix("tier"))
+def test_a_price_tier_prices_the_whole_request(kind: str, api: Api, side, gw, payer):
+    """The tier prices every class of a request whose input exceeds its threshold, and
+    none of one whose input only reaches it."""
+    _, receipt = _billed(gw, payer, api, f"{kind}/tier-{side}", _prompt())
+    _priced(receipt, CACHED[kind], TIER_PRICES if side == "above" else PRICES)
 
 
 # --- 5. credentials rejected -----------------------------------------------------------------

@@ -39,13 +39,29 @@ class Clients(NamedTuple):
 
 
 class Usage(NamedTuple):
-    """A usage in the gateway's convention: all input (cache reads and writes within it),
-    all output."""
+    """A usage in the gateway's convention: all input (cache reads and writes within it,
+    the 1-hour writes within the writes), all output (reasoning within it)."""
 
     input: int
     output: int
     cache_reads: int = 0
     cache_writes: int = 0
+    cache_writes_1h: int = 0
+    reasoning: int = 0
+
+    def receipt(self) -> dict[str, int]:
+        """The usage a receipt shows (decisions.md, "Prices, exactly"): every class, the
+        1-hour cache writes only when there are some."""
+        classes = {
+            "input_tokens": self.input,
+            "cached_input_tokens": self.cache_reads,
+            "cache_write_tokens": self.cache_writes,
+            "output_tokens": self.output,
+            "reasoning_tokens": self.reasoning,
+        }
+        if self.cache_writes_1h:
+            classes["cache_write_1h_tokens"] = self.cache_writes_1h
+        return classes
 
 
 @dataclass
@@ -146,6 +162,7 @@ class Chat(Api):
             "prompt_tokens": usage.input,
             "completion_tokens": usage.output,
             "cached_tokens": usage.cache_reads,
+            "reasoning_tokens": usage.reasoning,
         }
 
     def stream_body(self, model: str, prompt: str) -> dict:
@@ -160,11 +177,12 @@ class Chat(Api):
 
     @staticmethod
     def _counts(usage: Any) -> dict[str, int]:
-        details = usage.prompt_tokens_details
+        details, output = usage.prompt_tokens_details, usage.completion_tokens_details
         return {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "cached_tokens": (details and details.cached_tokens) or 0,
+            "reasoning_tokens": (output and output.reasoning_tokens) or 0,
         }
 
     def ask(self, clients, model, prompt, *, tools=False, limit=None, after=None):
@@ -276,6 +294,7 @@ class Responses(Api):
             "input_tokens": usage.input,
             "output_tokens": usage.output,
             "cached_tokens": usage.cache_reads,
+            "reasoning_tokens": usage.reasoning,
         }
 
     def stream_body(self, model: str, prompt: str) -> dict:
@@ -333,7 +352,7 @@ class Responses(Api):
         if final.incomplete_details is not None:
             stop += f"/{final.incomplete_details.reason}"
         calls = [item for item in final.output if item.type == "function_call"]
-        details = final.usage.input_tokens_details
+        details, output = final.usage.input_tokens_details, final.usage.output_tokens_details
         return Answer(
             final.model,
             final.output_text,
@@ -343,6 +362,7 @@ class Responses(Api):
                 "input_tokens": final.usage.input_tokens,
                 "output_tokens": final.usage.output_tokens,
                 "cached_tokens": (details and details.cached_tokens) or 0,
+                "reasoning_tokens": (output and output.reasoning_tokens) or 0,
             },
             raw.headers,
             [Call(item.call_id, item.name, json.loads(item.arguments)) for item in calls],

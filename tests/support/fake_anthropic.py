@@ -8,6 +8,9 @@ and records every request with its headers (anthropic-beta among them).
 | model        | non-streaming                       | streaming                           |
 |--------------|-------------------------------------|-------------------------------------|
 | cache        | usage with cache reads and writes   | the same, in message_start          |
+| cached       | INPUT_TOKENS in all: cache reads,   | the same, in message_start          |
+|              | writes (5-minute and 1-hour apart)  |                                     |
+|              | and the rest (the contract's mode)  |                                     |
 | stream-error | normal                              | two text events, then an in-band    |
 |              |                                     | `error` event with SECRET in it     |
 | long         | LONG_PIECES as the text             | the same, a delta each              |
@@ -35,7 +38,10 @@ TOOL_INPUT_PARTS = ['{"city":', ' "Paris"}']
 COUNTED_TOKENS = 4242  # what count_tokens answers: no estimate of the gateway's says so
 # `cache`: beside its INPUT_TOKENS (uncached), the prompt read and wrote these from cache.
 CACHE_READS, CACHE_WRITES = 7, 3
-CACHE, STREAM_ERROR, LONG = "cache", "stream-error", "long"
+# `cached` (the mode every fake has for tests/providers/test_contract.py): of its
+# INPUT_TOKENS in all, the cache's reads, its writes, and the 1-hour writes among those.
+CACHED_READS, CACHED_WRITES, CACHED_WRITES_1H = 4, 3, 2
+CACHE, CACHED, STREAM_ERROR, LONG = "cache", "cached", "stream-error", "long"
 LONG_PIECES = [f"Piece {n} of a long answer that goes on and on. " for n in range(60)]
 
 
@@ -45,6 +51,16 @@ def _usage(model: str, output_tokens: int) -> dict:
         usage |= {
             "cache_read_input_tokens": CACHE_READS,
             "cache_creation_input_tokens": CACHE_WRITES,
+        }
+    if model == CACHED:
+        usage |= {
+            "input_tokens": INPUT_TOKENS - CACHED_READS - CACHED_WRITES,
+            "cache_read_input_tokens": CACHED_READS,
+            "cache_creation_input_tokens": CACHED_WRITES,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": CACHED_WRITES - CACHED_WRITES_1H,
+                "ephemeral_1h_input_tokens": CACHED_WRITES_1H,
+            },
         }
     return usage_for(model, usage)
 

@@ -23,7 +23,6 @@ from tests.support.fake_upstream import (
     INPUT_TOKENS,
     MALFORMED,
     OUTPUT_TOKENS,
-    REPLY,
     REPLY_PIECES,
     FakeUpstream,
     sse,
@@ -118,6 +117,28 @@ def _reply(body: dict) -> tuple[list[str], str, dict | None]:
     if model == "length":
         return REPLY_PIECES[:2], "length", None
     return REPLY_PIECES, "stop", None
+
+
+def _responses_reply(body: dict) -> tuple[list[str], dict | None, str | None]:
+    """(text pieces, function call, why incomplete) the fake answers a Responses `body`
+    with: as _reply, in Responses' items."""
+    items = body.get("input")
+    last = items[-1] if isinstance(items, list) and items else {}
+    if last.get("type") == "function_call_output":
+        return [f"The tool said: {last.get('output')}"], None, None
+    if body["model"] == "tool-call" and body.get("tools"):
+        call = {
+            "type": "function_call",
+            "id": "fc_fake1",
+            "call_id": "call_fake1",
+            "name": body["tools"][0]["name"],
+            "arguments": "".join(TOOL_ARGUMENTS),
+            "status": "completed",
+        }
+        return [], call, None
+    if body["model"] == "length":
+        return REPLY_PIECES[:2], None, "max_output_tokens"
+    return REPLY_PIECES, None, None
 
 
 class FakeOpenAI(FakeUpstream):
@@ -251,6 +272,8 @@ api_key_env = "FAKE_OPENAI_KEY"
         if early is not None:
             return early
         model = body["model"]
+        pieces, call, incomplete = _responses_reply(body)
+        text = "".join(pieces)
         cached = model == CACHED
         usage = {
             "input_tokens": INPUT_TOKENS,
@@ -259,7 +282,7 @@ api_key_env = "FAKE_OPENAI_KEY"
             "output_tokens_details": {"reasoning_tokens": REASONING if cached else 0},
             "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
         }
-        part = {"type": "output_text", "text": REPLY, "annotations": []}
+        part = {"type": "output_text", "text": text, "annotations": []}
         item = {
             "type": "message",
             "id": "msg_fake",
@@ -267,13 +290,15 @@ api_key_env = "FAKE_OPENAI_KEY"
             "role": "assistant",
             "content": [part],
         }
+        output = ([item] if pieces else []) + ([call] if call else [])
         response = {
             "id": "resp_fake",
             "object": "response",
             "created_at": int(time.time()),
-            "status": "completed",
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
             "model": model,
-            "output": ["not an item"] if model == MALFORMED else [item],
+            "output": ["not an item"] if model == MALFORMED else output,
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
@@ -287,29 +312,45 @@ api_key_env = "FAKE_OPENAI_KEY"
             return sse({"type": name, "sequence_number": next(sequence), **fields}, event=name)
 
         started = {**response, "status": "in_progress", "output": [], "usage": None}
-        common = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
         events = [
             event("response.created", response=started),
             event("response.in_progress", response=started),
-            event(
-                "response.output_item.added",
-                output_index=0,
-                item={**item, "status": "in_progress", "content": []},
-            ),
-            event("response.content_part.added", **common, part={**part, "text": ""}),
-            *[
-                event(
-                    "response.output_text.delta",
-                    **common,
-                    delta=piece,
-                    logprobs=[],
-                    **({"response": "x"} if model == MALFORMED else {}),
-                )
-                for piece in REPLY_PIECES
-            ],
-            event("response.output_text.done", **common, text=REPLY, logprobs=[]),
-            event("response.content_part.done", **common, part=part),
-            event("response.output_item.done", output_index=0, item=item),
-            event("response.completed", response=response),
         ]
+        if pieces:
+            common = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
+            events += [
+                event(
+                    "response.output_item.added",
+                    output_index=0,
+                    item={**item, "status": "in_progress", "content": []},
+                ),
+                event("response.content_part.added", **common, part={**part, "text": ""}),
+                *[
+                    event(
+                        "response.output_text.delta",
+                        **common,
+                        delta=piece,
+                        logprobs=[],
+                        **({"response": "x"} if model == MALFORMED else {}),
+                    )
+                    for piece in pieces
+                ],
+                event("response.output_text.done", **common, text=text, logprobs=[]),
+                event("response.content_part.done", **common, part=part),
+                event("response.output_item.done", output_index=0, item=item),
+            ]
+        if call:
+            at = {"item_id": call["id"], "output_index": len(output) - 1}
+            added = {**call, "status": "in_progress", "arguments": ""}
+            events += [
+                event("response.output_item.added", output_index=at["output_index"], item=added),
+                *[
+                    event("response.function_call_arguments.delta", **at, delta=part)
+                    for part in TOOL_ARGUMENTS
+                ],
+                event("response.function_call_arguments.done", **at, arguments=call["arguments"]),
+                event("response.output_item.done", output_index=at["output_index"], item=call),
+            ]
+        end = "response.incomplete" if incomplete else "response.completed"
+        events.append(event(end, response=response))
         return await self.stream(request, model, events, text_from=4)
