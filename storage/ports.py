@@ -220,7 +220,11 @@ class LedgerPort(Protocol):
         self, project_id: str, start_us: int, end_us: int, group_by: str
     ) -> list[dict[str, object]]:
         """Receipts in [start_us, end_us) summed per day, model or key: `group`, `requests`,
-        `input_tokens`, `output_tokens`, `sandbox_ms`, `cost`."""
+        `input_tokens`, `output_tokens`, `cached_input_tokens`, `cache_write_tokens`,
+        `reasoning_tokens` (0 for receipts without them), `sandbox_ms`, `cost`, and
+        `cache_savings`: the sum of cached_input_tokens x (input price - cached input price)
+        over receipts that carry the prices applied, in micro-units rounded down once per
+        group (informational: nothing is billed or credited by it)."""
 
     @abc.abstractmethod
     async def list_ledger(

@@ -44,6 +44,11 @@ from model_gateway.storage.records import (
 
 # pg_advisory_xact_lock key: one writer of payer addresses at a time.
 _PAYERS_LOCK = 0x6D67_7061
+# The usage report's sums of the classes within input and output (none: 0).
+_CLASS_SUMS = ", ".join(
+    f"COALESCE(SUM((r.usage ->> '{name}')::bigint), 0)::bigint AS {name}"
+    for name in ("cached_input_tokens", "cache_write_tokens", "reasoning_tokens")
+)
 
 
 B = TypeVar("B")  # an item of a batch
@@ -337,6 +342,13 @@ class PostgresLedger(PostgresBase):
             "  AS input_tokens,"
             " COALESCE(SUM((r.usage ->> 'output_tokens')::bigint), 0)::bigint"
             "  AS output_tokens,"
+            f" {_CLASS_SUMS},"
+            # What cache reads saved against the input price, summed exactly (numeric) and
+            # rounded down to the micro-unit once; receipts without the prices applied: 0.
+            " COALESCE(floor(SUM((r.usage ->> 'cached_input_tokens')::numeric"
+            "  * ((r.usage ->> 'input_price_per_mtok')::numeric"
+            "   - (r.usage ->> 'cached_input_price_per_mtok')::numeric)) / 1000000), 0)::bigint"
+            "  AS cache_savings,"
             " COALESCE(SUM(CASE r.kind WHEN 'sandbox'"
             "  THEN (r.usage ->> 'duration_ms')::bigint END), 0)::bigint AS sandbox_ms,"
             " SUM(r.cost)::bigint AS cost"

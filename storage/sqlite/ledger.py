@@ -4,7 +4,9 @@ path is one group-committed statement."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 import aiosqlite
 import orjson
@@ -33,6 +35,26 @@ from model_gateway.storage.sqlite.rows import (
 )
 
 _MAX_INT = 2**63 - 1
+# The usage report's sums of the classes within input and output (none: 0), and what a
+# receipt's cache reads saved against its input price, in micro-units x 10^6 (NULL for
+# receipts without the prices applied: those before prices by class).
+_CLASS_SUMS = ", ".join(
+    f"COALESCE(SUM(json_extract(r.usage_rest, '$.{name}')), 0) AS {name}"
+    for name in ("cached_input_tokens", "cache_write_tokens", "reasoning_tokens")
+)
+_SAVED = (
+    "(json_extract(r.usage_rest, '$.cached_input_tokens')"
+    " * (json_extract(r.usage_rest, '$.input_price_per_mtok')"
+    "  - json_extract(r.usage_rest, '$.cached_input_price_per_mtok')))"
+)
+
+
+def _usage_sums(row: sqlite3.Row) -> dict[str, object]:
+    """A group of the usage report; its cache savings rounded down to the micro-unit once
+    (SQLite's division truncates: the remainders keep the exact sum, Python floors it)."""
+    sums: dict[str, Any] = {**dict(row), "group": row["grp"]}
+    sums["cache_savings"] = sums.pop("saved_micros") + sums.pop("saved_rest") // 1_000_000
+    return sums
 
 
 class SQLiteLedger(SQLiteBase):
@@ -223,12 +245,17 @@ class SQLiteLedger(SQLiteBase):
             "key": "k.prefix",
         }[group_by]
         # Receipts (migration 0011) keep integer token counts in columns, others in usage_rest.
+        # Cache savings are summed as whole micro-units and remainders (a sum of products
+        # could pass 64 bits), so that each group is rounded down once (_usage_sums).
         rows = await self._fetchall(
-            f"SELECT {group} AS grp, COUNT(*) AS requests,"  # noqa: S608 (a fixed expression)
+            f"SELECT {group} AS grp, COUNT(*) AS requests,"  # noqa: S608 (fixed expressions)
             " COALESCE(SUM(COALESCE(r.input_tokens,"
             "  json_extract(r.usage_rest, '$.input_tokens'))), 0) AS input_tokens,"
             " COALESCE(SUM(COALESCE(r.output_tokens,"
             "  json_extract(r.usage_rest, '$.output_tokens'))), 0) AS output_tokens,"
+            f" {_CLASS_SUMS},"
+            f" COALESCE(SUM({_SAVED} / 1000000), 0) AS saved_micros,"
+            f" COALESCE(SUM({_SAVED} % 1000000), 0) AS saved_rest,"
             " COALESCE(SUM(CASE s.kind WHEN 'sandbox'"
             "  THEN json_extract(r.usage_rest, '$.duration_ms') END), 0) AS sandbox_ms,"
             " SUM(r.cost) AS cost"
@@ -239,7 +266,7 @@ class SQLiteLedger(SQLiteBase):
             " GROUP BY grp ORDER BY grp",
             (_pack("prj_", project_id), start_us, end_us),
         )
-        return [{**dict(row), "group": row["grp"]} for row in rows]
+        return [_usage_sums(row) for row in rows]
 
     async def list_ledger(
         self, project_id: str, limit: int, before: int | None

@@ -239,6 +239,74 @@ async def test_usage_receipts_and_ledger_pages(storage):
     assert [(e.kind, e.amount) for e in older] == [("credit", 10_000)]
 
 
+def priced(cached: int, input_price: int, cached_price: int, **classes: int) -> dict[str, int]:
+    """A usage priced by class, as settlement stores it: the classes (those not 0) and the
+    five prices applied (micro-units per million tokens)."""
+    return {
+        "input_tokens": cached + classes.get("cache_write_tokens", 0) + 10,
+        "output_tokens": 5 + classes.get("reasoning_tokens", 0),
+        **({"cached_input_tokens": cached} if cached else {}),
+        **classes,
+        "input_price_per_mtok": input_price,
+        "cached_input_price_per_mtok": cached_price,
+        "cache_write_price_per_mtok": input_price * 5 // 4,
+        "cache_write_1h_price_per_mtok": input_price * 2,
+        "output_price_per_mtok": input_price * 5,
+    }
+
+
+async def test_usage_sums_the_token_classes_and_what_cache_reads_saved(storage):
+    pid = await funded(storage, 10_000)
+    day = 86_400 * 10**6
+    at = 20_000 * day
+    # m1: 600 reads at 3.00 instead of 0.30 per MTok save 1620 micro-units exactly; two
+    # reads that save 0.6 each are 1.2, rounded down once for the group: 1 (per receipt,
+    # down: 0; up: 2). One receipt also wrote to the cache (never a saving) and reasoned.
+    m1 = [
+        priced(600, 3_000_000, 300_000, cache_write_tokens=100, reasoning_tokens=20),
+        priced(1, 700_000, 100_000),
+        priced(1, 700_000, 100_000, cache_write_tokens=3),
+    ]
+    for n, usage in enumerate(m1):
+        await settle(storage, pid, None, n, usage=usage, at=at + n)
+    # m2: a receipt from before classes and prices, one with a class but no prices applied
+    # (neither saves anything), one without cache reads.
+    await settle(storage, pid, None, 3, model="m2", at=at + day)
+    old = {"input_tokens": 9, "output_tokens": 2, "cached_input_tokens": 4}
+    await settle(storage, pid, None, 4, model="m2", usage=old, at=at + day)
+    await settle(storage, pid, None, 5, model="m2", usage=priced(0, 500, 50), at=at + day)
+    await settle(
+        storage, pid, None, 6, kind="sandbox", model="python", usage={"duration_ms": 9},
+        at=at + day,
+    )  # fmt: skip
+
+    def sums(rows):
+        keys = ("requests", "cached_input_tokens", "cache_write_tokens", "reasoning_tokens")
+        return {u["group"]: (*(u[k] for k in keys), u["cache_savings"]) for u in rows}
+
+    assert sums(await storage.usage(pid, 0, 2**62, "model")) == {
+        "m1": (3, 602, 103, 20, 1621),
+        "m2": (3, 4, 0, 0, 0),
+        "python": (1, 0, 0, 0, 0),
+    }
+    assert sums(await storage.usage(pid, 0, 2**62, "day")) == {
+        "2024-10-04": (3, 602, 103, 20, 1621),
+        "2024-10-05": (4, 4, 0, 0, 0),
+    }
+    assert sums(await storage.usage(pid, 0, 2**62, "key")) == {None: (7, 606, 103, 20, 1621)}
+
+
+async def test_cache_savings_sum_past_64_bits_of_products(storage):
+    """A billion cache reads at 9000 USD per MTok off save 9e18 micro-units x 10^6 each:
+    two of them pass a 64-bit sum of products, never the sum in micro-units."""
+    pid = await funded(storage, 10_000)
+    for n in range(2):
+        usage = priced(10**9, 9_000_000_000, 0)
+        await settle(storage, pid, None, n, usage=usage, at=n)
+    [row] = await storage.usage(pid, 0, 2**62, "model")
+    assert row["cache_savings"] == 2 * 9 * 10**12
+
+
 async def test_payments_and_purchases_are_credited_once(storage):
     pid = await funded(storage, 0)
     payment = PaymentRecord(
