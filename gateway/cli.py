@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import NoReturn, TypeVar
+from typing import NoReturn, TypeVar, cast
 
 import orjson
 
@@ -30,23 +30,27 @@ from model_gateway.gateway.cli_args import (
     AdminCommand,
     CliError,
     Record,
+    TextView,
     confirmed_view,
     csv,
     parse_amount_arg,
     parse_time,
     positive_int,
     refusal_message,
+    text_table,
 )
 from model_gateway.gateway.cluster.admin_confirm import UNCONFIRMED_EXIT
 from model_gateway.gateway.config import Config, ConfigError, load_config
+from model_gateway.gateway.console.api_money import UsageReport, usage_query, usage_report
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.gateway.metering.storage_meter import current_month
-from model_gateway.gateway.ops import backup, doctor
+from model_gateway.gateway.ops import backup, doctor, model_prices
 from model_gateway.gateway.ops.logs import configure_logging
 from model_gateway.gateway.ops.secretfile import restrict_file_modes
 from model_gateway.gateway.ops.terminal import escape, safe_output
 from model_gateway.gateway.proofs import verify_cli
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
+from model_gateway.pipeline.errors import InvalidRequest
 from model_gateway.storage import (
     RecordNotFound,
     StateConflict,
@@ -158,6 +162,45 @@ async def sandboxes_create(args: argparse.Namespace, admin: AdminContext) -> Rec
     return dict(sandbox_view(sandbox))
 
 
+async def usage(args: argparse.Namespace, admin: AdminContext) -> Record:
+    """The console's usage report (GET /console/api/projects/{id}/usage), its checks too."""
+    try:
+        first, last, group_by = usage_query(args.first, args.last, args.group_by)
+    except InvalidRequest as exc:
+        flag = "--" + (exc.param or "").replace("_", "-")  # the console's query names
+        raise CliError(f"{flag}: {exc.message}") from None
+    if await admin.storage.get_project(args.project) is None:
+        raise RecordNotFound(f"no project {args.project}")
+    return dict(await usage_report(admin.storage, args.project, first, last, group_by))
+
+
+# The usage table's columns after the group's: (the report's field, its heading).
+_USAGE_COLUMNS = (
+    ("requests", "requests"),
+    ("input_tokens", "input"),
+    ("cached_input_tokens", "cached"),
+    ("cache_write_tokens", "cache writes"),
+    ("output_tokens", "output"),
+    ("reasoning_tokens", "reasoning"),
+    ("sandbox_seconds", "sandbox s"),
+    ("cost", "cost"),
+    ("cache_savings", "cache savings"),
+)
+
+
+def usage_text(record: Record) -> str:
+    """The report as a table, a row per group and the total (amounts in USD)."""
+    report = cast(UsageReport, record)
+    groups: list[Mapping[str, object]] = [*report["data"], {**report["total"], "group": "total"}]
+    rows = [
+        [str(group["group"] or "console playground"), *(str(group[f]) for f, _ in _USAGE_COLUMNS)]
+        for group in groups
+    ]
+    title = f"{report['from']} to {report['to']} by {report['group_by']} (amounts in USD)"
+    headings = [report["group_by"], *(heading for _, heading in _USAGE_COLUMNS)]
+    return title + "\n" + text_table(headings, rows)
+
+
 def sandbox_node(args: argparse.Namespace, config: Config) -> int:
     from model_gateway.gateway.config import SandboxNodeConfig
     from model_gateway.gateway.sandbox.node.service import serve_node
@@ -263,6 +306,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="default: the port of [sandbox_node] url")
     p.set_defaults(run=sandbox_node)
 
+    p = commands.add_parser("usage", parents=[common], help="a project's usage and cost")
+    p.add_argument("--project", required=True)
+    p.add_argument("--from", dest="first", metavar="YYYY-MM-DD", help="default: the 1st")
+    p.add_argument("--to", dest="last", metavar="YYYY-MM-DD", help="included; default: month end")
+    p.add_argument("--group-by", metavar="day|model|key", help="default: day")
+    p.set_defaults(action_fn=usage, text=usage_text)
+
+    model_prices.add_parser(commands, common)  # reads the config only
     verify_cli.add_parser(commands, common)  # needs no config: a customer runs it anywhere
     doctor.add_parser(commands, common)  # reads a config it may find broken: runs on its own
     backup.add_parsers(commands, common)
@@ -338,5 +389,9 @@ def _run(words: list[str]) -> int:
         return _fail(str(exc), as_json, "invalid_request")
     except StorageError as exc:
         return _fail(f"storage failure: {exc}", as_json, "internal_error")
-    _print(record, as_json)
+    text: TextView | None = getattr(args, "text", None)
+    if text is not None and not as_json:
+        print(text(record))
+    else:
+        _print(record, as_json)
     return exit_code(record)

@@ -11,11 +11,14 @@ from datetime import UTC, datetime
 from model_gateway.gateway.admin.admin_context import AdminContext, ConfirmedChange, InvalidChange
 from model_gateway.gateway.admin.admin_views import with_instances
 from model_gateway.gateway.metering.money import parse_amount
+from model_gateway.gateway.ops.terminal import escape
 
 # What a command prints: one JSON object with --json, else a line per field.
 Record = dict[str, object]
 # A command the admin service serves: its parser's `action_fn`, run with an AdminContext.
 AdminCommand = Callable[[argparse.Namespace, AdminContext], Awaitable[Record]]
+# How a command that sets its parser's `text` shows its record without --json.
+TextView = Callable[[Record], str]
 
 
 class CliError(Exception):
@@ -64,3 +67,17 @@ def confirmed_view(view: Mapping[str, object], change: ConfirmedChange[object]) 
     for name in confirmation.unconfirmed:
         print(f"gateway: instance {name} has not confirmed yet", file=sys.stderr)
     return with_instances(view, confirmation)
+
+
+def text_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Columns as wide as their widest cell: the first (a label) left-aligned, the others
+    (numbers) right-aligned; each cell escaped onto one line."""
+    cells = [[escape(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(width) if i else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in cells
+    )

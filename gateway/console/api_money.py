@@ -56,8 +56,12 @@ class UsageSums(TypedDict):
     requests: int
     input_tokens: int
     output_tokens: int
+    cached_input_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
     sandbox_ms: int
     cost: int
+    cache_savings: int
 
 
 class UsageRow(TypedDict):
@@ -65,8 +69,14 @@ class UsageRow(TypedDict):
     requests: int
     input_tokens: int
     output_tokens: int
+    cached_input_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
     sandbox_seconds: str
     cost: str
+    # What cache reads saved against the input price: informational, rounded down once
+    # per row (the total is the sum of the rows).
+    cache_savings: str
 
 
 # `from` is a keyword: the report's range is declared by the functional syntax.
@@ -83,9 +93,29 @@ def usage_row(row: UsageSums) -> UsageRow:
         "requests": row["requests"],
         "input_tokens": row["input_tokens"],
         "output_tokens": row["output_tokens"],
+        "cached_input_tokens": row["cached_input_tokens"],
+        "cache_write_tokens": row["cache_write_tokens"],
+        "reasoning_tokens": row["reasoning_tokens"],
         "sandbox_seconds": f"{row['sandbox_ms'] / 1000:.3f}",
         "cost": format_amount(row["cost"]),
+        "cache_savings": format_amount(row["cache_savings"]),
     }
+
+
+def usage_query(
+    first: str | None, last: str | None, group_by: str | None
+) -> tuple[date, date, str]:
+    """The report's inclusive UTC dates (default: this month) and grouping, from the
+    console's query values or the CLI's flags; a bad one is 400 naming it."""
+    default_first, default_last = month_bounds(datetime.now(UTC).date())
+    first_day = query_date(first, "from", default_first)
+    last_day = query_date(last, "to", default_last)
+    group_by = group_by or "day"
+    if group_by not in GROUPS:
+        raise InvalidRequest("'group_by' must be day, model or key.", param="group_by")
+    if last_day < first_day:
+        raise InvalidRequest("'to' is before 'from'.", param="to")
+    return first_day, last_day, group_by
 
 
 async def usage_report(
@@ -100,8 +130,12 @@ async def usage_report(
         "requests": sum(row["requests"] for row in rows),
         "input_tokens": sum(row["input_tokens"] for row in rows),
         "output_tokens": sum(row["output_tokens"] for row in rows),
+        "cached_input_tokens": sum(row["cached_input_tokens"] for row in rows),
+        "cache_write_tokens": sum(row["cache_write_tokens"] for row in rows),
+        "reasoning_tokens": sum(row["reasoning_tokens"] for row in rows),
         "sandbox_ms": sum(row["sandbox_ms"] for row in rows),
         "cost": sum(row["cost"] for row in rows),
+        "cache_savings": sum(row["cache_savings"] for row in rows),
     }
     return {
         **page(data),
@@ -117,14 +151,9 @@ def routes(console: Console) -> list[Endpoint]:
 
     async def usage(call: Call) -> Response:
         found = await project_of(storage, call)
-        default_first, default_last = month_bounds(datetime.now(UTC).date())
-        first = query_date(call.query("from"), "from", default_first)
-        last = query_date(call.query("to"), "to", default_last)
-        group_by = call.query("group_by") or "day"
-        if group_by not in GROUPS:
-            raise InvalidRequest("'group_by' must be day, model or key.", param="group_by")
-        if last < first:
-            raise InvalidRequest("'to' is before 'from'.", param="to")
+        first, last, group_by = usage_query(
+            call.query("from"), call.query("to"), call.query("group_by")
+        )
         return json_response(await usage_report(storage, found.id, first, last, group_by))
 
     async def receipts(call: Call) -> Response:

@@ -69,14 +69,25 @@ def routes(console: Console) -> list[Endpoint]:
                     label(r["group"]),
                     esc(r["requests"]),
                     esc(r["input_tokens"]),
+                    esc(r["cached_input_tokens"]),
                     esc(r["output_tokens"]),
                     esc(r["sandbox_seconds"]),
                     amount_html(r["cost"]),
+                    amount_html(r["cache_savings"]),
                 ]
                 for r in report["data"]
             ]
 
-        heads = ["", "Requests", "Input tokens", "Output tokens", "Sandbox s", "Cost"]
+        heads = [
+            "",
+            "Requests",
+            "Input tokens",
+            "Cached",
+            "Output tokens",
+            "Sandbox s",
+            "Cost",
+            "Cache savings",
+        ]
         body = (
             '<form class="range" method="get">'
             + field("From", "from", kind="date", value=first.isoformat())
@@ -89,8 +100,13 @@ def routes(console: Console) -> list[Endpoint]:
                     ("Requests", esc(total["requests"])),
                     ("Input tokens", esc(total["input_tokens"])),
                     ("Output tokens", esc(total["output_tokens"])),
+                    ("Cached input tokens", esc(total["cached_input_tokens"])),
+                    ("Cache savings", amount_html(total["cache_savings"])),
                 ]
             )
+            + '<p class="note">Input tokens include cached ones. Cache savings: how much less'
+            " cache reads cost than uncached input at the prices applied (the cost already"
+            " reflects it), rounded down per row; informational.</p>"
             + "<h2>Cost per day (USD)</h2>"
             + cost_chart(first, last, cost)
             + "<h2>Per model</h2>"
