@@ -32,7 +32,8 @@ def test_a_billed_chat_has_a_proof_that_gateway_verify_accepts(gateway, http, cu
     # The proof shows what the owner's receipt shows.
     owned = http.get(f"/v1/receipts/{receipt_id}", headers=bearer(customer.key)).json()
     assert owned["proof_url"] == f"/api/proofs/{receipt_id}"
-    assert doc["receipt"]["v"] == 2
+    assert doc["receipt"]["v"] == 3  # an inference receipt priced by class
+    assert doc["receipt"]["prices"] == owned["prices"]
     for field in ("cost", "usage", "usage_source", "request_commitment", "response_commitment"):
         assert doc["receipt"][field] == owned[field]
     assert doc["receipt"]["issued_at"] == owned["created_at"]

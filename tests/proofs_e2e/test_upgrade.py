@@ -68,7 +68,7 @@ def test_a_new_receipt_joins_the_same_log_as_version_2(upgraded):
         doc = wait_proof(http, receipt_id)
         old = wait_proof(http, old_ids[0])
         page = http.get(f"/proofs/{receipt_id}").text
-    assert doc["receipt"]["v"] == 2 and doc["leaf_index"] >= 3
+    assert doc["receipt"]["v"] == 3 and doc["leaf_index"] >= 3  # priced by class
     assert doc["public_key"] == fixture_public_key() == old["public_key"]
     assert "Request commitment" in page and "Verified:" in page
     code, report, output = verify(

@@ -17,8 +17,8 @@ import pytest
 from model_gateway.gateway.proofs.log_key import SigningKey
 from model_gateway.gateway.proofs.merkle import MerkleTree
 from model_gateway.gateway.proofs.receipts import (
-    PublicReceipt,
     proof_document,
+    receipt_from_builtins,
     receipt_leaf_hash,
     sign_receipt,
     sign_tree_head,
@@ -207,7 +207,7 @@ def forged(doc: dict) -> dict:
     """The receipt with a lower cost, re-signed and re-logged by someone else's key: a
     document that is internally consistent and proves nothing about the deployment."""
     key = SigningKey.generate()
-    receipt = msgspec.convert({**doc["receipt"], "cost": "0.000001"}, PublicReceipt)
+    receipt = receipt_from_builtins({**doc["receipt"], "cost": "0.000001"})
     tree = MerkleTree([receipt_leaf_hash(receipt)])
     head = sign_tree_head(key, 1, tree.root(), doc["tree_head"]["timestamp"])
     fake = proof_document(
@@ -271,7 +271,7 @@ def test_keys_are_fetched_from_the_same_origin(url, keys):
 
 def test_the_commitment_fields_are_sha256_hex(proof):
     # What the page tells a customer to open with their salts and bodies.
-    assert proof["receipt"]["v"] == 2
+    assert proof["receipt"]["v"] == 3
     for field in ("request_commitment", "response_commitment"):
         assert len(bytes.fromhex(proof["receipt"][field])) == hashlib.sha256().digest_size
     assert "request_sha256" not in proof["receipt"]
