@@ -30,6 +30,7 @@ from model_gateway.storage.sqlite.rows import (
     _month_of,
     _receipt,
     _response_commitment,
+    _split_prices,
     _split_usage,
     _unpack,
 )
@@ -44,8 +45,8 @@ _CLASS_SUMS = ", ".join(
 )
 _SAVED = (
     "(json_extract(r.usage_rest, '$.cached_input_tokens')"
-    " * (json_extract(r.usage_rest, '$.input_price_per_mtok')"
-    "  - json_extract(r.usage_rest, '$.cached_input_price_per_mtok')))"
+    " * (json_extract(s.prices, '$.input_price_per_mtok')"
+    "  - json_extract(s.prices, '$.cached_input_price_per_mtok')))"
 )
 
 
@@ -79,9 +80,18 @@ class SQLiteLedger(SQLiteBase):
 
     async def settle(self, receipt: ReceiptRecord) -> bool:
         r = receipt
-        labels = (r.kind, r.endpoint, r.model_or_runtime, r.status, r.usage_source, r.provider)
+        counts, prices = _split_prices(r.usage)
+        labels = (
+            r.kind,
+            r.endpoint,
+            r.model_or_runtime,
+            r.status,
+            r.usage_source,
+            r.provider,
+            prices,
+        )
         await self._add_shape(labels)
-        input_tokens, output_tokens, usage_rest = _split_usage(r.usage)
+        input_tokens, output_tokens, usage_rest = _split_usage(counts)
         rebuilt = _response_commitment(r.response_salt, r.response_sha256)
         # Inserted only while its hold is open and covers the cost, in the one statement:
         # no row (False) when the hold is gone. The `receipt_needs_hold` trigger enforces
@@ -94,7 +104,7 @@ class SQLiteLedger(SQLiteBase):
             " SELECT ?, ?, ?, ?, ?, s.id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
             " FROM receipt_shapes s WHERE s.kind = ? AND s.endpoint = ?"
             " AND s.model_or_runtime = ? AND s.status = ? AND s.usage_source = ?"
-            " AND s.provider IS ?"
+            " AND s.provider IS ? AND s.prices IS ?"
             " AND EXISTS (SELECT 1 FROM reservations"
             "  WHERE id = ? AND project_id = ? AND amount >= ?)",
             (
@@ -129,7 +139,8 @@ class SQLiteLedger(SQLiteBase):
         if labels not in self._shapes:
             await self._write(
                 "INSERT INTO receipt_shapes (kind, endpoint, model_or_runtime, status,"
-                " usage_source, provider) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " usage_source, provider, prices) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
                 labels,
             )
             self._shapes.add(labels)

@@ -32,6 +32,21 @@ def _is_int64(value: object) -> bool:
     return type(value) is int and -(2**63) <= value < 2**63
 
 
+_PRICE = "_price_per_mtok"
+
+
+def _split_prices(usage: dict[str, int]) -> tuple[dict[str, int], str | None]:
+    """The usage's counts, and the prices it was charged at as canonical JSON (None: no
+    price), which receipt_shapes keeps once for every receipt charged at them (0018)."""
+    if len(usage) <= 2:  # no price: a sandbox run's, or a receipt from before classes
+        return usage, None
+    prices = {k: v for k, v in usage.items() if k.endswith(_PRICE)}
+    if not prices:
+        return usage, None
+    counts = {k: v for k, v in usage.items() if not k.endswith(_PRICE)}
+    return counts, orjson.dumps(prices, option=orjson.OPT_SORT_KEYS).decode()
+
+
 def _split_usage(usage: dict[str, int]) -> tuple[int | None, int | None, str | None]:
     """Input and output tokens as integers, any other count as JSON (None: no other)."""
     if len(usage) == 2:  # a chat's usage, every settlement: 0.4 µs against 1.4 below
