@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -67,6 +67,14 @@ class EventReader(Protocol[E]):
     @property
     def complete(self) -> bool: ...
     def feed(self, read: bytes) -> tuple[list[E], GatewayError | None]: ...
+
+
+class StreamTranslator(Protocol):
+    """A vendor's stream events in, chat completion chunks out; `done` once it ended."""
+
+    @property
+    def done(self) -> bool: ...
+    def feed(self, event: JSONObject) -> list[JSONObject]: ...
 
 
 class Acceptance:
@@ -466,6 +474,28 @@ class HttpProvider(Provider):
                     await drained(reads)
                     break
         if not events.complete:
+            raise stream_ended_early(self.name)
+
+    async def translated_chunks(
+        self,
+        path: str,
+        body: JSONObject,
+        acceptance: Acceptance,
+        translator: StreamTranslator,
+        read: Callable[[str], JSONObject],
+    ) -> AsyncGenerator[JSONObject]:
+        """A vendor's SSE stream as chat chunks: each event's data `read` (parsed and
+        checked; it raises on an in-band error) and translated; an early end raised once
+        the connection is read out."""
+        events = self.post_events(path, body, acceptance)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                for chunk in translator.feed(read(event.data)):
+                    yield chunk
+                if translator.done:
+                    await drained(events)
+                    break
+        if not translator.done:
             raise stream_ended_early(self.name)
 
     async def post_events(

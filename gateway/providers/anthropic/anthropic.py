@@ -7,7 +7,6 @@ The translation itself is in `anthropic_messages`, the pass-through stream's rea
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -30,10 +29,8 @@ from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
     ResponsesUnsupported,
-    drained,
     parse_json,
     reported_error,
-    stream_ended_early,
     unreachable,
 )
 
@@ -68,24 +65,19 @@ class AnthropicProvider(HttpProvider):
         message = await self.post_json(self.path, messages_request(request), acceptance)
         return chat_completion(checked(self.name, message, MessagesAnswer), request["model"])
 
-    async def chat_stream(
+    def chat_stream(
         self, request: JSONObject, acceptance: Acceptance
     ) -> AsyncGenerator[JSONObject]:
         body = {**messages_request(request), "stream": True}
-        translator = ChunkTranslator(request["model"])
-        events = self.post_events(self.path, body, acceptance)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                payload = checked(self.name, parse_json(self.name, event.data), MessagesEvent)
-                if payload.get("type") == "error":
-                    raise reported_error(self.name)
-                for chunk in translator.feed(payload):
-                    yield chunk
-                if translator.done:
-                    await drained(events)
-                    break
-        if not translator.done:
-            raise stream_ended_early(self.name)
+        return self.translated_chunks(
+            self.path, body, acceptance, ChunkTranslator(request["model"]), self._event
+        )
+
+    def _event(self, data: str) -> JSONObject:
+        payload = checked(self.name, parse_json(self.name, data), MessagesEvent)
+        if payload.get("type") == "error":
+            raise reported_error(self.name)
+        return payload
 
     async def messages(
         self, request: JSONObject, acceptance: Acceptance, beta: str | None

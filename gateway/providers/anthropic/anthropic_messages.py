@@ -14,6 +14,7 @@ import orjson
 
 from model_gateway.gateway.inference.tokens import content_text
 from model_gateway.gateway.inference.usage import token_count
+from model_gateway.gateway.providers.chunks import completion_chunk
 from model_gateway.pipeline.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -244,15 +245,7 @@ class ChunkTranslator:
         self.done = False
 
     def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            ],
-        }
+        return completion_chunk(self.id, self.created, self.model, delta, finish_reason)
 
     def _count(self, usage: Any) -> None:
         merge_usage(self.usage, usage)

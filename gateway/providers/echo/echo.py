@@ -33,6 +33,7 @@ import orjson
 
 from model_gateway.gateway.agents.run_code import RUN_CODE
 from model_gateway.gateway.inference.tokens import chat_prompt_text, content_text, estimate_tokens
+from model_gateway.gateway.providers.chunks import completion_chunk
 from model_gateway.gateway.providers.upstream import Acceptance, Provider
 from model_gateway.gateway.sandbox.runtimes import RUNTIMES
 from model_gateway.pipeline.errors import InvalidRequest
@@ -175,14 +176,7 @@ class EchoProvider(Provider):
         reply = _Reply(request)
 
         def chunk(delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            return {
-                "id": reply.id,
-                "object": "chat.completion.chunk",
-                "created": reply.created,
-                "model": reply.model,
-                "choices": [choice],
-            }
+            return completion_chunk(reply.id, reply.created, reply.model, delta, finish_reason)
 
         yield chunk({"role": "assistant", "content": ""})
         if reply.tool_call:

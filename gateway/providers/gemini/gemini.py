@@ -9,7 +9,6 @@ is in `gemini_translate`.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -33,11 +32,9 @@ from model_gateway.gateway.providers.upstream import (
     Acceptance,
     HttpProvider,
     UpstreamFailure,
-    drained,
     malformed,
     parse_json,
     reported_error,
-    stream_ended_early,
 )
 
 if TYPE_CHECKING:
@@ -67,25 +64,20 @@ class GenerateContentProvider(HttpProvider):
     async def chat(self, request: JSONObject, acceptance: Acceptance) -> JSONObject:
         return chat_completion(await self._generate(request, acceptance), request["model"])
 
-    async def chat_stream(
+    def chat_stream(
         self, request: JSONObject, acceptance: Acceptance
     ) -> AsyncGenerator[JSONObject]:
         path = self.model_path(request["model"], "streamGenerateContent") + "?alt=sse"
         translator = GeminiChunkTranslator(request["model"])
-        events = self.post_events(path, generate_request(request), acceptance)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                payload = parse_json(self.name, event.data)
-                payload = checked(self.name, payload, GenerateContentAnswer)
-                if payload.get("error") is not None:
-                    raise reported_error(self.name)
-                for chunk in translator.feed(payload):
-                    yield chunk
-                if translator.done:
-                    await drained(events)
-                    break
-        if not translator.done:
-            raise stream_ended_early(self.name)
+        return self.translated_chunks(
+            path, generate_request(request), acceptance, translator, self._event
+        )
+
+    def _event(self, data: str) -> JSONObject:
+        payload = checked(self.name, parse_json(self.name, data), GenerateContentAnswer)
+        if payload.get("error") is not None:
+            raise reported_error(self.name)
+        return payload
 
 
 class GeminiProvider(GenerateContentProvider):

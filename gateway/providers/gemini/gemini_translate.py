@@ -27,6 +27,7 @@ from model_gateway.gateway.providers.anthropic.anthropic_messages import (
     tool_definitions,
     tool_use_block,
 )
+from model_gateway.gateway.providers.chunks import completion_chunk
 from model_gateway.pipeline.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -343,15 +344,7 @@ class GeminiChunkTranslator:
         self.done = False
 
     def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            ],
-        }
+        return completion_chunk(self.id, self.created, self.model, delta, finish_reason)
 
     def feed(self, event: JSONObject) -> list[JSONObject]:
         chunks: list[JSONObject] = []
