@@ -192,6 +192,11 @@ class Handles:
         self.opened.append(handle)
         return handle
 
+    def first(self) -> InProcess | Postgres | Redis:
+        """The handle opened first (opened now if none is): what a property test's examples
+        share, so that they do not open a connection pool each (PostgreSQL's slots run out)."""
+        return self.opened[0] if self.opened else self.open()
+
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
 
