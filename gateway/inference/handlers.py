@@ -20,7 +20,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,7 +63,7 @@ from model_gateway.gateway.inference.renderers import (
 )
 from model_gateway.gateway.inference.responses_translate import chat_request, response_from_chat
 from model_gateway.gateway.inference.schemas import ChatRequest, ResponsesRequest
-from model_gateway.gateway.inference.streaming import Upstream, open_stream
+from model_gateway.gateway.inference.streaming import Renderer, Upstream, open_stream
 from model_gateway.gateway.inference.tokens import (
     chat_prompt_text,
     completion_text,
@@ -374,26 +374,46 @@ class InferenceHandlers:
         request: JSONObject,
         prompt: Prompt,
     ) -> Response:
-        payload: ResponsesRequest = ctx.payload
-        model_id, model = _served(ctx)
-        stream = payload.stream
+        def answer(completion: JSONObject, output: Text) -> bytes:
+            # The chat usage is the one checked and billed; the Response shows its counts.
+            _show_billed(completion, CHAT_KEYS, prompt, output)
+            return orjson.dumps(response_from_chat(completion, request))
+
+        def renderer() -> TranslatedResponsesRenderer:
+            return TranslatedResponsesRenderer(request, prompt, _delivered(ctx))
+
         chat = chat_request(request)
+        return await self._through_chat(
+            ctx, provider, upstream_model, chat, prompt, renderer, answer
+        )
+
+    async def _through_chat(
+        self,
+        ctx: RequestContext,
+        provider: Provider,
+        upstream_model: str,
+        chat: JSONObject,
+        prompt: Prompt,
+        renderer: Callable[[], Renderer[JSONObject]],
+        answer: Callable[[JSONObject, Text], bytes],
+    ) -> Response:
+        """Another API served by a provider's chat: `chat` is the request translated, a
+        stream is rendered by `renderer()`, a whole completion becomes `answer`'s bytes.
+        Chat reasoning has no item in a Response nor a block in a Message: it is neither
+        sent nor counted."""
+        model_id, model = _served(ctx)
+        stream: bool = ctx.payload.stream
         body = upstream_chat(chat, model, model_id, stream=stream, upstream=upstream_model)
         acceptance = Acceptance()
         if stream:
-            events = provider.chat_stream(body, acceptance)
-            upstream = self._upstream(ctx, provider, events, acceptance)
-            renderer = TranslatedResponsesRenderer(request, prompt, _delivered(ctx))
-            return await open_stream(ctx, upstream, renderer, prompt)
+            chunks = provider.chat_stream(body, acceptance)
+            upstream = self._upstream(ctx, provider, chunks, acceptance)
+            return await open_stream(ctx, upstream, renderer(), prompt)
         call = provider.chat(body, acceptance)
         completion = await self._call(ctx, provider, call, acceptance, prompt)
-        # What the Response shows: chat reasoning has no item there (neither sent nor
-        # counted). The chat usage is the one checked and billed; the Response shows the
-        # same counts.
         output = functools.partial(completion_text, completion, reasoning=False)
-        counts = _show_billed(completion, CHAT_KEYS, prompt, output)
-        result = response_from_chat(completion, request)
-        return _respond(ctx, orjson.dumps(result), counts, prompt, output)
+        counts = reported(completion.get("usage"), CHAT_KEYS)
+        return _respond(ctx, answer(completion, output), counts, prompt, output)
 
     async def messages(self, ctx: RequestContext) -> ASGIApp:
         # As the client sent it: an Anthropic upstream gets it so (messages_upstream).
@@ -447,27 +467,19 @@ class InferenceHandlers:
         request: JSONObject,
         prompt: Prompt,
     ) -> Response:
-        payload: MessagesRequest = ctx.payload
-        model_id, model = _served(ctx)
+        def answer(completion: JSONObject, output: Text) -> bytes:
+            usage = completion.get("usage")
+            billed, _ = billed_usage(reported(usage, CHAT_KEYS), prompt, output)
+            shown = anthropic_usage(billed, *chat_cache_counts(usage))
+            return orjson.dumps(message_from_chat(completion, _asked(ctx), shown))
+
+        def renderer() -> TranslatedMessagesRenderer:
+            return TranslatedMessagesRenderer(_asked(ctx), prompt, _delivered(ctx))
+
         chat = chat_from_messages(request)
-        body = upstream_chat(chat, model, model_id, stream=payload.stream, upstream=upstream_model)
-        acceptance = Acceptance()
-        if payload.stream:
-            chunks = provider.chat_stream(body, acceptance)
-            upstream = self._upstream(ctx, provider, chunks, acceptance)
-            renderer = TranslatedMessagesRenderer(_asked(ctx), prompt, _delivered(ctx))
-            return await open_stream(ctx, upstream, renderer, prompt)
-        call = provider.chat(body, acceptance)
-        completion = await self._call(ctx, provider, call, acceptance, prompt)
-        # Chat reasoning has no block in a Message: neither sent nor counted.
-        output = functools.partial(completion_text, completion, reasoning=False)
-        usage = completion.get("usage")
-        counts = reported(usage, CHAT_KEYS)
-        billed, _ = billed_usage(counts, prompt, output)
-        message = message_from_chat(
-            completion, _asked(ctx), anthropic_usage(billed, *chat_cache_counts(usage))
+        return await self._through_chat(
+            ctx, provider, upstream_model, chat, prompt, renderer, answer
         )
-        return _respond(ctx, orjson.dumps(message), counts, prompt, output)
 
     async def count_tokens(self, ctx: RequestContext) -> ASGIApp:
         request: JSONObject = parse_checked(ctx.body)
