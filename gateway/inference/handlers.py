@@ -110,6 +110,8 @@ _JSON = JSON_CONTENT_TYPE.decode()
 _CHAT_LIMITS = ("max_completion_tokens", "max_tokens")
 
 E = TypeVar("E")  # an upstream stream's events
+# One attempt at a Messages API request: (provider, upstream model, body, prompt, beta).
+MessagesAttempt = Callable[[Provider, str, "JSONObject", Prompt, str | None], Awaitable[Response]]
 T = TypeVar("T")  # an upstream's whole answer
 
 
@@ -416,21 +418,29 @@ class InferenceHandlers:
         return _respond(ctx, answer(completion, output), counts, prompt, output)
 
     async def messages(self, ctx: RequestContext) -> ASGIApp:
-        # As the client sent it: an Anthropic upstream gets it so (messages_upstream).
+        async def attempt(
+            provider: Provider, upstream: str, request: JSONObject, prompt: Prompt, beta: str | None
+        ) -> Response:
+            if provider.native_messages:
+                return await self._native_messages(ctx, provider, upstream, request, prompt, beta)
+            return await self._translated_messages(ctx, provider, upstream, request, prompt)
+
+        return self._on_messages(ctx, attempt)
+
+    def _on_messages(self, ctx: RequestContext, attempt: MessagesAttempt) -> ASGIApp:
+        """A Messages API request through the attempt chain: the body as the client sent it
+        (an Anthropic upstream gets it so: messages_upstream), its prompt, and the client's
+        anthropic-beta header, read once the headers are there."""
         request: JSONObject = parse_checked(ctx.body)
         prompt = Prompt(messages_prompt_text(request), len(ctx.body))
 
         async def serve(headers: Headers) -> Response:
             beta = anthropic_beta(headers)
 
-            async def attempt(provider: Provider, upstream: str) -> Response:
-                if provider.native_messages:
-                    return await self._native_messages(
-                        ctx, provider, upstream, request, prompt, beta
-                    )
-                return await self._translated_messages(ctx, provider, upstream, request, prompt)
+            async def one(provider: Provider, upstream: str) -> Response:
+                return await attempt(provider, upstream, request, prompt, beta)
 
-            return await attempt_chain(ctx, self.providers, self.metrics, attempt)
+            return await attempt_chain(ctx, self.providers, self.metrics, one)
 
         return AfterHeaders(ctx, serve)
 
@@ -482,21 +492,15 @@ class InferenceHandlers:
         )
 
     async def count_tokens(self, ctx: RequestContext) -> ASGIApp:
-        request: JSONObject = parse_checked(ctx.body)
-        prompt = Prompt(messages_prompt_text(request), len(ctx.body))
+        async def attempt(
+            provider: Provider, upstream: str, request: JSONObject, prompt: Prompt, beta: str | None
+        ) -> Response:
+            model_id, model = _served(ctx)
+            body = upstream_messages(request, model, model_id, upstream)
+            acceptance = Acceptance()
+            call = provider.count_tokens(body, acceptance, beta)
+            counted = await self._call(ctx, provider, call, acceptance, prompt)
+            tokens = estimate_tokens(prompt.text) if counted is None else counted
+            return Response(orjson.dumps({"input_tokens": tokens}), media_type=_JSON)
 
-        async def serve(headers: Headers) -> Response:
-            beta = anthropic_beta(headers)
-
-            async def attempt(provider: Provider, upstream: str) -> Response:
-                model_id, model = _served(ctx)
-                body = upstream_messages(request, model, model_id, upstream)
-                acceptance = Acceptance()
-                call = provider.count_tokens(body, acceptance, beta)
-                counted = await self._call(ctx, provider, call, acceptance, prompt)
-                tokens = estimate_tokens(prompt.text) if counted is None else counted
-                return Response(orjson.dumps({"input_tokens": tokens}), media_type=_JSON)
-
-            return await attempt_chain(ctx, self.providers, self.metrics, attempt)
-
-        return AfterHeaders(ctx, serve)
+        return self._on_messages(ctx, attempt)
