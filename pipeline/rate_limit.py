@@ -21,6 +21,7 @@ request through.
 from __future__ import annotations
 
 import logging
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -54,6 +55,21 @@ def used_tokens(ctx: RequestContext) -> int:
         return 0
     usage = ctx.billing.usage
     return usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+
+
+def unused(taken: list[Take], used: int, elapsed_s: float) -> list[Take]:
+    """What goes back to each bucket once the request used `used` tokens: what it took and
+    did not use, but never more than its take still holds in the bucket (a take drains
+    back at the bucket's rate: a request that ran a minute has nothing left to return,
+    and returning it would admit twice the limit). Usage above the take is taken (<0)."""
+    back = []
+    for name, limit, units in taken:
+        over = units - used
+        if over > 0:
+            over = min(over, max(0, units - int(elapsed_s * limit / 60)))
+        if over:
+            back.append((name, limit, over))
+    return back
 
 
 def _token_takes(ctx: RequestContext, project: ProjectInfo, key: KeyInfo | None) -> list[Take]:
@@ -108,12 +124,12 @@ class RateLimit:
         self, ctx: RequestContext, taken: list[Take], scope: Scope, receive: Receive, send: Send
     ) -> None:
         settled = False
+        taken_at = time.monotonic()
 
         async def give_back() -> None:
             nonlocal settled
             settled = True
-            used = used_tokens(ctx)
-            back = [(name, limit, units - used) for name, limit, units in taken if units != used]
+            back = unused(taken, used_tokens(ctx), time.monotonic() - taken_at)
             if not back:
                 return
             try:

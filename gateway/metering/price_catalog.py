@@ -48,18 +48,24 @@ def _micros(usd_per_mtok: Decimal) -> int:
     return int((usd_per_mtok * 1_000_000).to_integral_value(rounding=ROUND_CEILING))
 
 
-def _current_prices(model: Any) -> Any:
-    """The model's price in force today (the dataset may list prices by start date)."""
+def _in_force(model: Any) -> list[Any]:
+    """The model's prices in force today, the date-ruled one first: the dataset lists
+    prices by start date, and some by time of day (peak and off-peak hours), which a
+    price fixed at start cannot follow. Each class is then priced at the highest of them
+    (`catalog_prices`): never below what the vendor charges at any hour."""
     prices = model.prices
     if not isinstance(prices, list):
-        return prices
+        return [prices]
     today = datetime.date.today()
-    current = None
+    dated, by_hour = None, []
     for conditional in prices:
-        start = getattr(conditional.constraint, "start_date", None)
-        if start is None or start <= today:
-            current = conditional.prices
-    return current
+        constraint = conditional.constraint
+        if constraint is None or getattr(constraint, "start_date", today) <= today:
+            if hasattr(constraint, "start_time"):
+                by_hour.append(conditional.prices)
+            else:
+                dated = conditional.prices
+    return [dated, *by_hour] if dated is not None else []
 
 
 def catalog_prices(catalog_id: str) -> tuple[Prices, list[tuple[int, Prices]]]:
@@ -73,18 +79,21 @@ def catalog_prices(catalog_id: str) -> tuple[Prices, list[tuple[int, Prices]]]:
     model = None
     if provider is not None and model_ref:
         model = next((m for m in provider.models if m.id == model_ref), None)
-    price = _current_prices(model) if model is not None else None
-    if price is None:
+    in_force = _in_force(model) if model is not None else []
+    if not in_force:
         message = f"catalog_id {catalog_id!r} is not in the genai-prices dataset"
         raise UnknownCatalogId(f"{message} (version {dataset_version()})")
     base: Prices = {}
     tiers: dict[int, Prices] = {}
     for ours, theirs in CLASS_KEYS.items():
-        value = getattr(price, theirs, None)
+        value = getattr(in_force[0], theirs, None)
         if isinstance(value, TieredPrices):
             base[ours] = _micros(value.base)
             for tier in value.tiers:
                 tiers.setdefault(tier.start, {})[ours] = _micros(tier.price)
-        elif value is not None:
-            base[ours] = _micros(value)
+            continue
+        values = [getattr(price, theirs, None) for price in in_force]
+        flat = [v for v in values if v is not None and not isinstance(v, TieredPrices)]
+        if flat:
+            base[ours] = _micros(max(flat))
     return base, sorted(tiers.items())

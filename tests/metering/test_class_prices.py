@@ -133,7 +133,6 @@ CATALOG_IDS = [
     "google/gemini-2.5-flash",
     "openai/gpt-4o-mini",
     "openai/gpt-5",
-    "deepseek/deepseek-chat",
     "mistral/mistral-large-2512",
 ]
 
@@ -165,6 +164,33 @@ def test_the_catalogs_price_is_the_datasets_own_calculation(catalog_id, usage):
     # Their prices for web searches and the like apply to counts the usage does not have.
     expected = int((theirs * 1_000_000).to_integral_value(rounding=ROUND_CEILING))
     assert cost_by_class(usage, model)[0] == expected
+
+
+@pytest.mark.parametrize("catalog_id", ["deepseek/deepseek-v4-pro", "deepseek/deepseek-chat"])
+def test_a_price_by_time_of_day_is_the_highest_at_every_hour(catalog_id):
+    """The dataset prices some models by hour (peak and off-peak); a price fixed at start
+    is the highest of the hours' and the date-ruled one, never below what the vendor
+    charges at some hour (a review found the last one listed applied, by accident)."""
+    import datetime
+
+    from genai_prices import data_snapshot
+
+    provider_id, _, ref = catalog_id.partition("/")
+    provider = next(p for p in data_snapshot.get_snapshot().providers if p.id == provider_id)
+    entries = next(m for m in provider.models if m.id == ref).prices
+    assert any(hasattr(e.constraint, "start_time") for e in entries), "no hourly price left"
+    in_force = [
+        e.prices
+        for e in entries
+        if getattr(e.constraint, "start_date", datetime.date.min) <= datetime.date.today()
+    ]
+    model = _catalog_model(catalog_id)
+    for key, theirs in (
+        ("input_price_per_mtok", "input_mtok"),
+        ("output_price_per_mtok", "output_mtok"),
+    ):
+        highest = max(getattr(p, theirs) for p in in_force)
+        assert getattr(model, key) == int(highest * 1_000_000)
 
 
 def test_price_keys_beside_the_catalog_override_their_class():

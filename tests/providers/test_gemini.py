@@ -574,3 +574,14 @@ def test_embeddings_take_text_only(http, fake):
 def test_embeddings_malformed_answer(http):
     response = http.post("/v1/embeddings", json={"model": "g-embed/malformed", "input": "x"})
     assert_error(response, 502, "provider_error")
+
+
+def test_tool_use_prompt_tokens_are_input():
+    """Tokens of tools Google ran for the request are billed as input (a review's finding)."""
+    from model_gateway.gateway.providers.gemini.gemini_translate import chat_usage
+
+    usage = chat_usage({"promptTokenCount": 10, "toolUsePromptTokenCount": 5})
+    assert usage["prompt_tokens"] == 15
+    assert (
+        chat_usage({"promptTokenCount": 10, "toolUsePromptTokenCount": -1})["prompt_tokens"] is None
+    )

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_gateway.pipeline.gcra import Gcra
+from model_gateway.pipeline.rate_limit import unused
 from tests.ratelimit.limiters import GAPS, Reference, arrival
 
 
@@ -124,3 +125,21 @@ def test_a_give_back_restores_capacity_exactly(
     for gap, units in after:
         first, second = both(gap, units)
         assert first == second
+
+
+def test_a_give_back_never_returns_what_its_take_already_drained():
+    """A request that held its take a whole minute has nothing left to return: giving its
+    take back anyway would admit twice the limit at once (a review's finding)."""
+    now = [0]
+    limiter = Gcra(lambda: now[0])
+    take = [("tpm:k", 1000, 1000)]
+    assert limiter.take(take).wait_s == 0  # A: a whole minute's tokens, streams a minute
+    now[0] = 60_000
+    assert limiter.take(take).wait_s == 0  # B: the bucket refilled meanwhile
+    limiter.give(unused(take, used=0, elapsed_s=60.0))  # A fails having used nothing
+    assert limiter.take(take).wait_s > 0  # C: no room, as without A's give-back
+    # Within its minute, what is left of a take goes back; usage past it is taken.
+    assert unused(take, used=100, elapsed_s=0.0) == [("tpm:k", 1000, 900)]
+    assert unused(take, used=100, elapsed_s=30.0) == [("tpm:k", 1000, 500)]
+    assert unused(take, used=1200, elapsed_s=30.0) == [("tpm:k", 1000, -200)]
+    assert unused(take, used=1000, elapsed_s=1.0) == []

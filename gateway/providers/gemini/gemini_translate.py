@@ -240,13 +240,17 @@ def generate_request(request: JSONObject) -> JSONObject:
 
 
 def chat_usage(metadata: Any) -> JSONObject:
-    """usageMetadata as chat usage: thoughts are output; a count the upstream broke stays
+    """usageMetadata as chat usage: thoughts are output, tool-use prompt tokens input; a
+    count the upstream broke stays
     None, never a guess. (Proto3 JSON leaves out a count of 0: absent is 0, but for the
     prompt, which is never empty: left to the gateway's count.)"""
     usage = metadata if isinstance(metadata, dict) else None
     if usage is None:
         return {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
     prompt = token_count(usage.get("promptTokenCount"))
+    # Tokens of tools' results Google ran for the request are input too, reported apart.
+    tool_use = token_count(usage.get("toolUsePromptTokenCount", 0))
+    prompt = None if prompt is None or tool_use is None else prompt + tool_use
     candidates = token_count(usage.get("candidatesTokenCount", 0))
     thoughts = token_count(usage.get("thoughtsTokenCount", 0))
     completion = None if candidates is None or thoughts is None else candidates + thoughts
