@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import httpx
-import openai
 import pytest
 
 from tests.support.errors import assert_error
@@ -87,24 +85,6 @@ def gw(tmp_path_factory, fake):
     process = GatewayProcess(folder, extra_config=config, env=env)
     yield process.start()
     process.stop()
-
-
-@pytest.fixture(scope="module")
-def key(gw) -> str:
-    project = gw.cli("projects", "create", "azure", "--balance", "1000")["id"]
-    return gw.create_key(project, "inference,receipts")
-
-
-@pytest.fixture(scope="module")
-def http(gw, key):
-    headers = {"authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=gw.url, headers=headers, timeout=20) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def client(gw, key) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
 
 
 def _marker() -> str:

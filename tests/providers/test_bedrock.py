@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from http.client import HTTPConnection
 
 import httpx
-import openai
 import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -140,24 +139,6 @@ def gw(tmp_path_factory, fake):
     folder = tmp_path_factory.mktemp("bedrock")
     with GatewayProcess(folder, extra_config=config, env=env) as process:
         yield process
-
-
-@pytest.fixture(scope="module")
-def key(gw) -> str:
-    project = gw.cli("projects", "create", "bedrock", "--balance", "1000")["id"]
-    return gw.create_key(project, "inference,receipts")
-
-
-@pytest.fixture(scope="module")
-def client(gw, key) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
-
-
-@pytest.fixture(scope="module")
-def http(gw, key):
-    headers = {"authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=gw.url, headers=headers, timeout=20) as session:
-        yield session
 
 
 def _chat(model: str, stream: bool = False, **extra) -> dict:

@@ -7,14 +7,17 @@ key; streams cut or malformed; embeddings through POST /v1/embeddings."""
 from __future__ import annotations
 
 import json
-import time
-import uuid
 
 import httpx
-import openai
 import pytest
 
 from model_gateway.gateway.inference.tokens import estimate_tokens
+from tests.support.chat_requests import PROMPT
+from tests.support.chat_requests import chat as _chat
+from tests.support.chat_requests import finishes as _finishes
+from tests.support.chat_requests import logged as _logged
+from tests.support.chat_requests import marker as _marker
+from tests.support.chat_requests import stream_text as _stream_text
 from tests.support.errors import assert_error
 from tests.support.fake_gemini import (
     BLOCKED,
@@ -44,7 +47,6 @@ from tests.support.fake_upstream import (
 from tests.support.gateway_process import GatewayProcess
 from tests.support.inference import NO_BREAKER, sse_payloads
 
-PROMPT = "Say something, please."
 WEATHER = {
     "type": "function",
     "function": {
@@ -103,49 +105,6 @@ api_key_env = "GATEWAY_TEST_VARIABLE_NEVER_SET"
     process = GatewayProcess(tmp_path_factory.mktemp("gemini"), extra_config=config, env=env)
     yield process.start()
     process.stop()
-
-
-@pytest.fixture(scope="module")
-def key(gw) -> str:
-    project = gw.cli("projects", "create", "gemini", "--balance", "100")["id"]
-    return gw.create_key(project, "inference,receipts")
-
-
-@pytest.fixture(scope="module")
-def client(gw, key) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=20)
-
-
-@pytest.fixture(scope="module")
-def http(gw, key):
-    headers = {"authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=gw.url, headers=headers, timeout=20) as session:
-        yield session
-
-
-def _marker() -> str:
-    return "marker-" + uuid.uuid4().hex[:12]
-
-
-def _chat(model: str, text: str = PROMPT, **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
-
-
-def _stream_text(chunks) -> str:
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-
-
-def _finishes(chunks) -> list[str]:
-    return [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-
-
-def _logged(gw: GatewayProcess, text: str) -> bool:
-    deadline = time.monotonic() + 5
-    while text not in gw.log():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # --- chat and Responses ----------------------------------------------------------------------
