@@ -56,6 +56,9 @@ class ServerConfig(_Section):
     max_head_bytes: int = 65536
     head_timeout_s: float = 30.0  # a head not complete this long after it began
     body_timeout_s: float = 60.0  # a request body that sends nothing for this long
+    # Serving processes sharing the port and the database (decisions.md, "Every core of
+    # one box"); 0: one per core. `gateway serve --workers N` overrides it.
+    workers: Annotated[int, msgspec.Meta(ge=0)] = 1
 
     def __post_init__(self) -> None:
         # A head limit below a minimal request would refuse every client.
@@ -106,11 +109,29 @@ class MeteringConfig(_Section):
     leases: bool = True
 
 
+class OidcConfig(_Section):
+    """`[console.oidc]`: sign-in with the team's identity provider (decisions.md,
+    "Operators (wave 3)"). The issuer must be https, but http://127.0.0.1 in development."""
+
+    issuer: str
+    client_id: str
+    client_secret_env: str | None = None  # the variable holding the client secret
+    allowed_email_domains: list[str] = []  # empty: any verified email
+    default_role: Literal["owner", "member"] = "member"  # of a user's first sign-in
+
+
+class TelemetryConfig(_Section):
+    # OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT): spans go to <base>/v1/traces.
+    # Unset: no traces, whatever the OTEL_* variables say.
+    otlp_endpoint: str | None = None
+
+
 class ConsoleConfig(_Section):
     session_idle_s: int = 12 * 3600  # a session unused this long is gone
     login_window_s: int = 15 * 60  # failed sign-ins count within this window
     login_failures_per_email: int = 5  # then 429 until the window passes
     login_failures_per_address: int = 50
+    oidc: OidcConfig | None = None  # single sign-on, off unless configured
 
 
 class PurchasesConfig(_Section):
@@ -384,6 +405,7 @@ class Config(_Section):
     ratelimit: RateLimitConfig = msgspec.field(default_factory=RateLimitConfig)
     metering: MeteringConfig = msgspec.field(default_factory=MeteringConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     purchases: PurchasesConfig | None = None
     proofs: ProofsConfig = msgspec.field(default_factory=ProofsConfig)
