@@ -39,12 +39,18 @@ async def sign_in(console: Console, call: Call, fields: Fields) -> tuple[UserRec
             await console.throttle.failed(email, address)
             raise Unauthenticated(WRONG_CREDENTIALS)
         await console.throttle.succeeded(email)
+    return user, await open_session(console, call, user)
+
+
+async def open_session(console: Console, call: Call, user: UserRecord) -> str:
+    """A new session for a user whose sign-in passed (password or single sign-on); its
+    Set-Cookie value."""
     await console.purge()  # expired sessions and stale failures, at each sign-in
     # A new session id at every sign-in; a session the browser brought along ends.
     await console.sessions.end(call.request.scope)
     cookie = await console.sessions.start(user)
     context_of(call.request.scope).user = user.email  # named in the access line
-    return user, cookie
+    return cookie
 
 
 def routes(console: Console) -> list[Endpoint]:
