@@ -44,9 +44,13 @@ def error_page(error: GatewayError) -> Response:
     return page("Error", body, status=error.status)
 
 
-def login_page(email: str = "", error: GatewayError | None = None) -> Response:
+def login_page(
+    email: str = "", error: GatewayError | None = None, *, sso: bool = False
+) -> Response:
     """The sign-in form. It posts (never a GET: the password would enter the URL) to
-    POST /console/login when no script runs; the script sends it as JSON instead."""
+    POST /console/login when no script runs; the script sends it as JSON instead. With
+    `sso` ([console.oidc] set), a link to single sign-on: a link, as `form-action 'self'`
+    would stop a form leaving for the issuer."""
     alert = (
         '<p class="form-error" role="alert" hidden></p>'
         if error is None
@@ -72,7 +76,8 @@ def login_page(email: str = "", error: GatewayError | None = None) -> Response:
         + '<div class="actions"><button type="submit">Sign in</button></div>'
         + alert
         + "</form>"
-        '<p class="note">Accounts are made by an operator: '
+        + ('<p class="sso"><a href="/console/sso/start">Sign in with SSO</a></p>' if sso else "")
+        + '<p class="note">Accounts are made by an operator: '
         "<code>gateway users create EMAIL --password-stdin</code>.</p></section>"
     )
     response = page("Sign in", body, status=200 if error is None else error.status)
@@ -83,6 +88,7 @@ def login_page(email: str = "", error: GatewayError | None = None) -> Response:
 
 def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
+    sso = console.config.console.oidc is not None
 
     async def static(call: Call) -> Response:
         name = call.params["name"]
@@ -99,7 +105,7 @@ def routes(console: Console) -> list[Endpoint]:
         return RedirectResponse("/console/projects", status_code=303)
 
     async def login(call: Call) -> Response:
-        return login_page()
+        return login_page(sso=sso)
 
     async def login_form(call: Call) -> Response:
         """The sign-in form posted without JavaScript: the JSON endpoint's sign-in, then
@@ -109,7 +115,7 @@ def routes(console: Console) -> list[Endpoint]:
             form = await call.form()
             _, cookie = await sign_in(console, call, Fields(form))
         except GatewayError as error:
-            return login_page(form.get("email", ""), error)
+            return login_page(form.get("email", ""), error, sso=sso)
         return RedirectResponse(
             "/console/projects", status_code=303, headers={"set-cookie": cookie}
         )
