@@ -453,6 +453,8 @@ class Config(_Section):
                 # Its slots would count twice: the gateway would send the node too much.
                 raise ValueError(f"{name}.url repeats {seen[url]}.url ({node.url})")
             seen[url] = name
+        if self.console.oidc is not None:
+            _check_issuer(self.console.oidc.issuer, self.server.environment)
 
     def sandbox_node_entries(self) -> list[tuple[str, SandboxNodeEntry]]:
         """Every sandbox node, named by its place in the config: `sandbox_node` first,
@@ -472,6 +474,18 @@ class Config(_Section):
         if url.startswith(prefix) and not url.startswith(prefix + "/"):
             return prefix + str(self.path(url[len(prefix) :]))
         return url
+
+
+def _check_issuer(issuer: str, environment: str) -> None:
+    """https, or http on this machine in development (a test's or a laptop's provider)."""
+    parts = urlsplit(issuer)
+    local = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost")
+    if parts.query or parts.fragment or not parts.hostname:
+        raise ValueError("console.oidc.issuer must be a URL without query or fragment")
+    if parts.scheme != "https" and not (local and environment == "development"):
+        raise ValueError(
+            "console.oidc.issuer must be https (http: 127.0.0.1 or localhost in development)"
+        )
 
 
 def _msgspec_path_to_key(message: str, base: str = "") -> str:
