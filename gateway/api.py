@@ -153,7 +153,7 @@ class CoreHandlers:
     async def metrics(self, ctx: RequestContext) -> Response:
         if not self.config.metrics.enabled:
             raise NotFound("Metrics are turned off on this deployment.")
-        return Response(self.counters.text(), media_type=METRICS_CONTENT_TYPE)
+        return Response(await self.counters.server_text(), media_type=METRICS_CONTENT_TYPE)
 
     async def index(self, ctx: RequestContext) -> Response:
         data = [

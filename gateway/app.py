@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,6 +27,7 @@ from model_gateway.gateway.ops.logs import AccessLog
 from model_gateway.gateway.ops.metrics import Metrics
 from model_gateway.gateway.ops.secretfile import load_or_create_secret
 from model_gateway.gateway.ops.summary import startup_summary
+from model_gateway.gateway.ops.worker_seat import WorkerSeat
 from model_gateway.gateway.proofs.endpoints import ProofHandlers, log_origin
 from model_gateway.gateway.proofs.log import TransparencyLog
 from model_gateway.gateway.proofs.log_key import SigningKey, load_or_create_signing_key
@@ -38,6 +40,9 @@ from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
 from model_gateway.pipeline.ports import RequestObserver
 from model_gateway.storage import ReceiptRecord, Storage, open_storage
+
+if TYPE_CHECKING:
+    from model_gateway.gateway.telemetry.tracing import Tracing
 
 log = logging.getLogger("gateway")
 
@@ -65,6 +70,7 @@ class Gateway:
     routes: RouteTable
     agents: AgentEngine
     _closing: contextlib.AsyncExitStack
+    tracing: Tracing | None = None  # [telemetry] otlp_endpoint set: traces (gateway/telemetry)
 
     async def close(self) -> None:
         await self._closing.aclose()
@@ -73,21 +79,23 @@ class Gateway:
         meter, proofs, status = self.meter, self.transparency_log, self.log_status
         self.metrics.gauge(
             "gateway_open_holds", "Holds of this process not yet closed.", lambda: meter.open_holds
-        )
+        )  # (with workers, these gauges combine as gateway/ops/metrics_text.py says)
         self.metrics.breakers(self.providers.breakers)
         self.metrics.sandbox_nodes(self.sandboxes.pool)
         self.metrics.gauge(
-            "gateway_log_size", "Receipts in the signed log.", lambda: status.log_size
+            "gateway_log_size", "Receipts in the signed log.", lambda: status.log_size, max
         )
         self.metrics.gauge(
             "gateway_log_integration_lag_seconds",
             "Seconds the oldest receipt not yet logged has waited, as of the log's last look.",
             lambda: proofs.integration_lag_s,
+            min,  # the freshest look of any worker
         )
         self.metrics.gauge(
             "gateway_log_sequencer",
             "1 on the one instance that integrates and signs the log, 0 on the others.",
             lambda: float(status.log_sequencer),
+            max,
         )
         self.metrics.gauge(
             "gateway_log_read_back",
@@ -107,32 +115,49 @@ class Gateway:
     def pipeline(self, authenticate: Middleware | None = None) -> ASGIApp:
         """The request path over this gateway's parts; `authenticate` swaps key auth for
         another principal (the console playground)."""
-        config = self.config
-        return build_pipeline(
+        config, tracing = self.config, self.tracing
+        meter = self.meter if config.metering.enabled else None
+        if tracing is not None and meter is not None:
+            meter = tracing.meter(meter)  # a span for each settlement
+        path = build_pipeline(
             routes=self.routes,
             keys=self.keyring,
             catalog=self.catalog,
             limiter=self.limiter,
-            meter=self.meter if config.metering.enabled else None,
+            meter=meter,
             cors_origins=config.server.cors_origins,
             default_key_rpm=config.limits.default_key_rpm,
             default_project_rpm=config.limits.default_project_rpm,
             observers=self.observers(),
             authenticate=authenticate,
         )
+        return path if tracing is None else tracing.layer(path)  # off: not in the chain
 
 
 async def open_gateway(
-    config: Config, log_process: bool = False, nodes: NodePool | None = None
+    config: Config,
+    log_process: bool = False,
+    nodes: NodePool | None = None,
+    seat: WorkerSeat | None = None,
 ) -> Gateway:
     """Build and start every part, in order; a part that fails stops those before it.
     `log_process` (gateway serve): the transparency log in a child process when the config
     says so (gateway/proofs/log_process.py). `nodes`: the sandbox nodes, when made before
-    (a spawned node's port is bound then: taken, `gateway serve` stops before serving)."""
+    (a spawned node's port is bound then: taken, `gateway serve` stops before serving).
+    `seat`: this process is one worker of `gateway serve --workers N` (gateway/ops/workers.py)."""
     async with contextlib.AsyncExitStack() as stack:
         nodes = nodes or NodePool(config)
         stack.push_async_callback(nodes.close)  # its node's port, bound: freed on any failure
+        tracing = None
+        if config.telemetry.otlp_endpoint:
+            # OpenTelemetry is imported only now: neither the CLI nor an untraced gateway pays.
+            from model_gateway.gateway.telemetry.tracing import Tracing
+
+            tracing = Tracing(config.telemetry.otlp_endpoint)
+            stack.push_async_callback(tracing.shutdown)  # after every request: exports all spans
         metrics = Metrics()
+        if seat is not None:
+            stack.push_async_callback(await seat.share_metrics(metrics))
         access_log = AccessLog(config.server.log_format) if config.server.access_log else None
         if access_log is not None:
             stack.callback(access_log.close)
@@ -159,7 +184,7 @@ async def open_gateway(
         await transparency_log.start()  # integrates, or follows the log process
         stack.push_async_callback(transparency_log.stop)
         log_status = _LogStatus(transparency_log, child)
-        limiter = await open_limiter(config, storage)
+        limiter = await open_limiter(config, storage, seat)
         stack.push_async_callback(limiter.close)
 
         def offer_to_the_log(record: ReceiptRecord) -> None:
@@ -230,9 +255,10 @@ async def open_gateway(
             routes=routes,
             agents=agents,
             _closing=stack.pop_all(),
+            tracing=tracing,
         )
     gateway.register_gauges()
-    for line in startup_summary(config):
+    for line in startup_summary(config) if seat is None else ():  # workers: the parent's
         log.info("%s", line)
     return gateway
 
@@ -268,9 +294,11 @@ class GatewayApp:
         config: Config,
         on_started: Callable[[], None] | None = None,
         log_process: bool = False,
+        seat: WorkerSeat | None = None,
     ) -> None:
         self.config = config
         self.log_process = log_process
+        self.seat = seat
         self.nodes = NodePool(config)  # binds a spawned node's port now (ConfigError if taken)
         self.on_started = on_started  # called once started, before the first request
         self.gateway: Gateway | None = None  # once started
@@ -284,7 +312,9 @@ class GatewayApp:
                 raise RuntimeError("the gateway has stopped")
             if self._pipeline is None:
                 try:
-                    gateway = await open_gateway(self.config, self.log_process, self.nodes)
+                    gateway = await open_gateway(
+                        self.config, self.log_process, self.nodes, self.seat
+                    )
                 except BaseException:
                     self._stopped = True  # what started is closed, the node pool too
                     raise
@@ -330,7 +360,10 @@ class GatewayApp:
 
 
 def create_app(
-    config: Config, on_started: Callable[[], None] | None = None, log_process: bool = False
+    config: Config,
+    on_started: Callable[[], None] | None = None,
+    log_process: bool = False,
+    seat: WorkerSeat | None = None,
 ) -> GatewayApp:
-    """The gateway as an ASGI app (see `open_gateway` for `log_process`)."""
-    return GatewayApp(config, on_started, log_process)
+    """The gateway as an ASGI app (see `open_gateway` for `log_process` and `seat`)."""
+    return GatewayApp(config, on_started, log_process, seat)

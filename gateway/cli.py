@@ -34,6 +34,7 @@ from model_gateway.gateway.cli_args import (
     confirmed_view,
     csv,
     parse_amount_arg,
+    non_negative_int,
     parse_time,
     positive_int,
     refusal_message,
@@ -230,12 +231,11 @@ def serve(args: argparse.Namespace, config: Config) -> int:
     from model_gateway.gateway.ops.server import serve as run_server  # uvicorn: only to serve
 
     try:
-        run_server(config, args.host, args.port)
+        return run_server(config, args.host, args.port, args.workers)
     except ConfigError as exc:  # e.g. a spawned node's port is taken
         # Logging is configured by now: the last line too follows log_format.
         logging.getLogger("gateway").error("%s", exc)
         return 1
-    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -249,6 +249,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.set_defaults(run=serve)
+    p.add_argument(
+        "--workers",
+        type=non_negative_int,
+        help="serving processes sharing the port ([server] workers; 0: one per core)",
+    )
 
     projects = commands.add_parser("projects", help="manage projects").add_subparsers(
         dest="action", required=True

@@ -53,6 +53,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or a positive integer")
+    return value
+
+
 def refusal_message(exc: InvalidChange) -> str:
     """An admin refusal in the CLI's words: the field named by its flag."""
     return exc.reason if exc.param is None else f"--{exc.param.replace('_', '-')} {exc.reason}"

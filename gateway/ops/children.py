@@ -1,4 +1,5 @@
-"""How `gateway serve` starts its children (a spawned sandbox node, the log process):
+"""How `gateway serve` starts its children (a spawned sandbox node, the log process, its
+workers):
 kept free of heavy imports, because the command line reads it on every start."""
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import sys
 # The single binary (`make dist`) has no `python -m`: it runs a child by its first argument.
 SANDBOX_NODE_ARG = "--run-spawned-sandbox-node"
 LOG_PROCESS_ARG = "--run-log-process"
+WORKER_ARG = "--run-worker"
 _MODULES = {
     SANDBOX_NODE_ARG: "model_gateway.gateway.sandbox.supervisor",
     LOG_PROCESS_ARG: "model_gateway.gateway.proofs.log_process",
+    WORKER_ARG: "model_gateway.gateway.ops.worker",
 }
 _PR_SET_PDEATHSIG = 1
 

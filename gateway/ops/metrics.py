@@ -7,15 +7,19 @@ read (open holds, log size and lag) are read at scrape time, not kept on the hot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from model_gateway.gateway.ops.metrics_text import (
     Counter,
     CounterChild,
+    Family,
     Gauge,
+    GaugeCombine,
     Histogram,
     HistogramChild,
+    PeerSamples,
     Registry,
 )
 from model_gateway.gateway.routing.breaker import GAUGE_VALUE, Breakers
@@ -38,9 +42,17 @@ class _ScrapeTimeGauges:
     def __init__(self) -> None:
         self.gauges: dict[str, Gauge] = {}
 
-    def render(self, out: list[str]) -> None:
-        for gauge in self.gauges.values():
-            gauge.render(out)
+    def families(self) -> Iterable[Family]:
+        return self.gauges.values()
+
+
+_BREAKER_SEVERITY = {0.0: 0, 2.0: 1, 1.0: 2}  # closed, half-open, open (GAUGE_VALUE)
+
+
+def _worst_breaker(mine: float, theirs: float) -> float:
+    """Breakers are per worker (each judges the calls it made): the server's is the worst
+    of them, open before half-open before closed."""
+    return max(mine, theirs, key=lambda value: _BREAKER_SEVERITY.get(value, 0))
 
 
 def _node_up(nodes: Sequence[SandboxNode]) -> _NodeSamples:
@@ -115,14 +127,23 @@ class Metrics:
             r.register(family)
         self._gauges = _ScrapeTimeGauges()
         r.register(self._gauges)
+        # With workers: the other processes' samples, asked for at each scrape.
+        self.peers: Callable[[], Awaitable[list[PeerSamples]]] | None = None
         # Per (endpoint, method, status): bounded by the route table and the statuses.
         self._series: dict[
             tuple[str, str, int], tuple[CounterChild, HistogramChild, HistogramChild]
         ] = {}
 
-    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge read at scrape time (e.g. open holds, the log's size)."""
-        self._gauges.gauges[name] = Gauge.single(name, documentation, read)
+    def gauge(
+        self,
+        name: str,
+        documentation: str,
+        read: Callable[[], float],
+        combine: GaugeCombine = operator.add,
+    ) -> None:
+        """A gauge read at scrape time (e.g. open holds, the log's size); `combine`: how
+        several workers' values make the server's."""
+        self._gauges.gauges[name] = Gauge.single(name, documentation, read, combine)
 
     def breakers(self, breakers: Breakers) -> None:
         """Publish the providers' breakers (gateway.routing.breaker.Breakers):
@@ -133,21 +154,40 @@ class Metrics:
                 "Circuit breaker per provider: 0 closed, 1 open, 2 half-open.",
                 lambda: [((p,), GAUGE_VALUE[s]) for p, s in breakers.states().items()],
                 ["provider"],
+                combine=_worst_breaker,
             )
         )
 
     def sandbox_nodes(self, pool: NodePool) -> None:
         """Publish the sandbox nodes' health and slots (gateway.sandbox.pool.NodePool): per
         node (its config name), up (1/0), slots, slots in use (read at scrape)."""
-        for name, documentation, read in (
-            ("gateway_sandbox_node_up", "Sandbox node healthy (1) or skipped (0).", _node_up),
-            ("gateway_sandbox_node_slots", "Sandbox node slots (max_concurrent).", _node_slots),
-            ("gateway_sandbox_node_slots_in_use", "Sandbox node slots running.", _node_in_use),
+        for name, documentation, read, combine in (
+            ("gateway_sandbox_node_up", "Sandbox node healthy (1) or skipped (0).", _node_up, min),
+            (
+                "gateway_sandbox_node_slots",
+                "Sandbox node slots (max_concurrent).",
+                _node_slots,
+                max,
+            ),
+            (
+                "gateway_sandbox_node_slots_in_use",
+                "Sandbox node slots running.",
+                _node_in_use,
+                operator.add,  # each worker counts the runs it sent
+            ),
         ):
-            self.registry.register(Gauge(name, documentation, _pool_reader(pool, read), ["node"]))
+            reader = _pool_reader(pool, read)
+            self.registry.register(Gauge(name, documentation, reader, ["node"], combine))
 
     def text(self) -> bytes:
         return self.registry.render()
+
+    async def server_text(self) -> bytes:
+        """The exposition for the whole server: with workers, every worker's samples
+        (gathered by `peers`, gateway/ops/worker_metrics.py) combined with this one's."""
+        if self.peers is None:
+            return self.text()
+        return self.registry.render(await self.peers())
 
     # RequestObserver
     def request_done(

@@ -9,13 +9,19 @@ update here is a plain attribute or list update that no other thread can interle
 so it takes no lock. Do not update these metrics from other threads.
 
 Tests parse the output with prometheus_client's own parser (tests/operations/).
+
+Several workers (`gateway serve --workers N`, gateway/ops/worker_metrics.py): each family
+gives its samples as plain data (`samples`), and renders its own merged with the other
+workers' (`Registry.render(peers)`): counters and histogram buckets add, each gauge
+combines as its `combine` says.
 """
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Generic, Protocol, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 INF = float("inf")
 
@@ -52,9 +58,29 @@ def _label_string(pairs: Iterable[tuple[str, str]]) -> str:
     return "{" + inner + "}" if inner else ""
 
 
+# A family's samples as plain data: per tuple of label values, its value (a counter's or a
+# gauge's number; a histogram's [per-bucket counts, sum]).
+Samples = dict[tuple[str, ...], Any]
+# Another worker's samples, as its socket sent them: per family name, [label values, value].
+PeerSamples = Mapping[str, Sequence[tuple[Sequence[str], Any]]]
+
+
+class Family(Protocol):
+    name: str
+
+    def samples(self) -> Samples:
+        """This process's samples, as plain data."""
+
+    def combine(self, mine: Any, theirs: Any) -> Any:
+        """One sample of two workers as one."""
+
+    def render_samples(self, out: list[str], samples: Samples) -> None:
+        """Append the family's lines for `samples` (each ending in a newline) to `out`."""
+
+
 class Collector(Protocol):
-    def render(self, out: list[str]) -> None:
-        """Append this collector's lines (each ending in a newline) to `out`."""
+    def families(self) -> Iterable[Family]:
+        """The families this collector renders, in order."""
 
 
 _Child = TypeVar("_Child")
@@ -92,11 +118,10 @@ class _Family(Generic[_Child]):
         out.append(f"# HELP {name} {_escape_help(self.documentation)}\n")
         out.append(f"# TYPE {name} {self.kind}\n")
 
-    def _series(self) -> Iterator[tuple[list[tuple[str, str]], _Child]]:
-        """(label name/value pairs, child) per child, in creation order."""
-        for values, child in self._children.items():
-            labels = cast("tuple[str, ...]", values)  # _child stores them as str
-            yield list(zip(self.labelnames, labels, strict=True)), child
+    def _pairs(self, samples: Samples) -> Iterator[tuple[list[tuple[str, str]], Any]]:
+        """(label name/value pairs, value) per sample, in creation order."""
+        for labels, value in samples.items():
+            yield list(zip(self.labelnames, labels, strict=True)), value
 
 
 class CounterChild:
@@ -121,11 +146,19 @@ class Counter(_Family[CounterChild]):
     def _new_child(self) -> CounterChild:
         return CounterChild()
 
-    def render(self, out: list[str]) -> None:
+    def families(self) -> Iterable[Family]:
+        return (self,)
+
+    def samples(self) -> Samples:
+        return {cast("tuple[str, ...]", k): child.value for k, child in self._children.items()}
+
+    combine = staticmethod(operator.add)
+
+    def render_samples(self, out: list[str], samples: Samples) -> None:
         self._header(out)
         name = self.name + "_total"
-        for pairs, child in self._series():
-            out.append(f"{name}{_label_string(pairs)} {format_value(child.value)}\n")
+        for pairs, value in self._pairs(samples):
+            out.append(f"{name}{_label_string(pairs)} {format_value(value)}\n")
 
 
 class HistogramChild:
@@ -172,18 +205,38 @@ class Histogram(_Family[HistogramChild]):
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self.bounds)
 
-    def render(self, out: list[str]) -> None:
+    def families(self) -> Iterable[Family]:
+        return (self,)
+
+    def samples(self) -> Samples:
+        return {
+            cast("tuple[str, ...]", k): [list(child.counts), child.sum]
+            for k, child in self._children.items()
+        }
+
+    @staticmethod
+    def combine(mine: Any, theirs: Any) -> Any:
+        counts = [a + b for a, b in zip(mine[0], theirs[0], strict=True)]
+        return [counts, mine[1] + theirs[1]]
+
+    def render_samples(self, out: list[str], samples: Samples) -> None:
         self._header(out)
         name = self.name
-        for pairs, child in self._series():
+        for pairs, (counts, total) in self._pairs(samples):
             cumulative = 0.0
-            for le, count in zip(self._le, child.counts, strict=True):
+            for le, count in zip(self._le, counts, strict=True):
                 cumulative += count
                 labels = _label_string([*pairs, ("le", le)])
                 out.append(f"{name}_bucket{labels} {format_value(cumulative)}\n")
             labels = _label_string(pairs)
             out.append(f"{name}_count{labels} {format_value(cumulative)}\n")
-            out.append(f"{name}_sum{labels} {format_value(child.sum)}\n")
+            out.append(f"{name}_sum{labels} {format_value(total)}\n")
+
+
+# How a gauge's value in two workers makes the server's: what each worker holds adds up
+# (open holds, slots in use); what each sees of one shared thing takes the largest (the
+# log's size) or the smallest (a node is up only if every worker finds it up).
+GaugeCombine = Callable[[float, float], float]
 
 
 class Gauge:
@@ -195,21 +248,35 @@ class Gauge:
         documentation: str,
         read: Callable[[], Iterable[tuple[Sequence[str], float]]],
         labelnames: Sequence[str] = (),
+        combine: GaugeCombine = operator.add,
     ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self.read = read
+        self.combine = combine
 
     @classmethod
-    def single(cls, name: str, documentation: str, read: Callable[[], float]) -> Gauge:
+    def single(
+        cls,
+        name: str,
+        documentation: str,
+        read: Callable[[], float],
+        combine: GaugeCombine = operator.add,
+    ) -> Gauge:
         """An unlabelled gauge of one value."""
-        return cls(name, documentation, lambda: [((), read())])
+        return cls(name, documentation, lambda: [((), read())], combine=combine)
 
-    def render(self, out: list[str]) -> None:
+    def families(self) -> Iterable[Family]:
+        return (self,)
+
+    def samples(self) -> Samples:
+        return {tuple(values): value for values, value in self.read()}
+
+    def render_samples(self, out: list[str], samples: Samples) -> None:
         out.append(f"# HELP {self.name} {_escape_help(self.documentation)}\n")
         out.append(f"# TYPE {self.name} gauge\n")
-        for values, value in self.read():
+        for values, value in samples.items():
             pairs = zip(self.labelnames, values, strict=True)
             out.append(f"{self.name}{_label_string(pairs)} {format_value(value)}\n")
 
@@ -223,8 +290,24 @@ class Registry:
     def register(self, collector: Collector) -> None:
         self.collectors.append(collector)
 
-    def render(self) -> bytes:
-        out: list[str] = []
+    def families(self) -> Iterator[Family]:
         for collector in self.collectors:
-            collector.render(out)
+            yield from collector.families()
+
+    def samples(self) -> dict[str, list[tuple[tuple[str, ...], Any]]]:
+        """Every family's samples as plain data: what a worker sends the others."""
+        return {family.name: list(family.samples().items()) for family in self.families()}
+
+    def render(self, peers: Sequence[PeerSamples] = ()) -> bytes:
+        """The exposition of this process's samples, each added to the same sample of
+        every peer (other workers); a sample only a peer has comes after ours."""
+        out: list[str] = []
+        for family in self.families():
+            samples = family.samples()
+            for peer in peers:
+                for labels, value in peer.get(family.name, ()):
+                    key = tuple(labels)
+                    mine = samples.get(key)
+                    samples[key] = value if mine is None else family.combine(mine, value)
+            family.render_samples(out, samples)
         return "".join(out).encode("utf-8")

@@ -2,11 +2,11 @@
 a deployment.
 
 `[ratelimit] url = "redis://..."`: the buckets live in Redis (redis_gcra), whatever the
-storage. Otherwise in PostgreSQL when it is the storage (postgres_gcra), and in this
-process's memory with SQLite, which one process serves. All three are weighted GCRA with
-one meaning (pipeline/gcra.py, tests/ratelimit/test_conformance.py). A shared store that
-does not answer gives 503 service_unavailable: never a request let through unchecked,
-never a 500.
+storage. Otherwise in PostgreSQL when it is the storage (postgres_gcra), and with SQLite
+in this process's memory, or in memory the workers of `gateway serve --workers N` share
+(shared_gcra). All four are weighted GCRA with one meaning (pipeline/gcra.py,
+tests/ratelimit/test_conformance.py). A shared store that does not answer gives 503
+service_unavailable: never a request let through unchecked, never a 500.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Protocol, TypeGuard
 
 from model_gateway.gateway.config import Config
 from model_gateway.gateway.ops.summary import redacted_storage_url
+from model_gateway.gateway.ops.worker_seat import WorkerSeat
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.pipeline.ports import Take, Verdict
@@ -32,7 +33,7 @@ class Limiter(Protocol):
 
 
 class LocalGcra(Gcra):
-    """SQLite: one process serves the database, so its own memory is exact."""
+    """SQLite served by one process: its own memory is exact."""
 
     async def close(self) -> None:
         """Nothing to release: the buckets go with the process."""
@@ -44,7 +45,7 @@ def _shares_rate_limits(storage: Storage) -> TypeGuard[RateLimitPort]:
     return hasattr(storage, "take_rate_limits")
 
 
-async def open_limiter(config: Config, storage: Storage) -> Limiter:
+async def open_limiter(config: Config, storage: Storage, seat: WorkerSeat | None = None) -> Limiter:
     if config.ratelimit.url is not None:
         from model_gateway.gateway.ratelimit.redis_gcra import (
             RedisGcra,  # imports redis only if used
@@ -60,4 +61,8 @@ async def open_limiter(config: Config, storage: Storage) -> Limiter:
 
         log.info("rate limits: shared in PostgreSQL")
         return PostgresGcra(storage, StoreHealth("PostgreSQL"))
+    if seat is not None:
+        from model_gateway.gateway.ratelimit.shared_gcra import SharedGcra
+
+        return SharedGcra(seat.limiter_file)
     return LocalGcra()
