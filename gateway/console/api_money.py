@@ -18,6 +18,11 @@ from model_gateway.gateway.console.guard import (
     require_owner,
 )
 from model_gateway.gateway.console.payload import Fields, query_cursor, query_date, query_limit
+from model_gateway.gateway.console.receipt_filter import (
+    filtered_receipts,
+    key_prefixes,
+    receipt_filter,
+)
 from model_gateway.gateway.console.views import ListPage, ledger_view, page
 from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.metering.money import format_amount
@@ -159,11 +164,12 @@ def routes(console: Console) -> list[Endpoint]:
     async def receipts(call: Call) -> Response:
         found = await project_of(storage, call)
         limit = query_limit(call.query("limit"))
-        rows = await storage.list_receipts(found.id, limit + 1, query_cursor(call.query("cursor")))
-        more = len(rows) > limit
-        rows = rows[:limit]
-        data = [receipt_view(receipt) for _, receipt in rows]
-        return json_response(page(data, rows[-1][0] if more else None))
+        cursor = query_cursor(call.query("cursor"))
+        wanted = await receipt_filter(storage, call, found.id)
+        rows, more = await filtered_receipts(storage, found.id, wanted, limit, cursor)
+        keys = await key_prefixes(storage, found.id)
+        data = [{**receipt_view(r), "key": keys.get(r.key_id)} for r in rows]
+        return json_response(page(data, more))
 
     async def ledger(call: Call) -> Response:
         found = await project_of(storage, call)

@@ -33,7 +33,7 @@ from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from model_gateway.storage import PayerAddressTaken, StateConflict
-from model_gateway.storage.base import KeyListing, ProjectRecord
+from model_gateway.storage.base import KeyListing, ProjectRecord, UserRecord
 
 if TYPE_CHECKING:
     from model_gateway.gateway.console.mount import Console
@@ -68,6 +68,19 @@ def _payers(fields: Fields) -> list[str] | None:
 async def key_listing_view(admin: AdminContext, listing: KeyListing) -> KeyListingView:
     view = await key_view(admin, listing.key)
     return {**view, "name": listing.name, "last_used_at": iso(listing.last_used_at)}
+
+
+async def visible_key(admin: AdminContext, user: UserRecord, prefix: str) -> KeyListing:
+    """The key with this prefix, with its name and last use, if the user may see its
+    project (else 404, as a missing one)."""
+    key = await admin.storage.get_key(prefix)
+    if key is None:
+        raise NotFound("No key with this prefix exists.")
+    await visible_project(admin.storage, user, key.project_id)
+    for listing in await admin.storage.list_keys(key.project_id):
+        if listing.key.id == key.id:
+            return listing
+    raise NotFound("No key with this prefix exists.")
 
 
 def _project_options(fields: Fields, options: ProjectLimits) -> None:
@@ -180,6 +193,10 @@ def routes(console: Console) -> list[Endpoint]:
         view = {"key": created.secret, **await key_view(admin, created.record)}
         return json_response({**view, "name": name, "last_used_at": None}, status=201)
 
+    async def show_key(call: Call) -> Response:
+        listing = await visible_key(admin, call.session_user, call.params["prefix"])
+        return json_response(await key_listing_view(admin, listing))
+
     async def revoke_key(call: Call) -> Response:
         key = await storage.get_key(call.params["prefix"])
         if key is None:
@@ -220,6 +237,7 @@ def routes(console: Console) -> list[Endpoint]:
         route("POST", _PROJECT + "/archive", SESSION, archive_project),
         route("GET", _PROJECT + "/keys", SESSION, list_keys),
         route("POST", _PROJECT + "/keys", SESSION, create_key),
+        route("GET", "/console/api/keys/{prefix}", SESSION, show_key),
         route("POST", "/console/api/keys/{prefix}/revoke", SESSION, revoke_key),
         route("GET", _PROJECT + "/sandboxes", SESSION, list_sandboxes),
         route("POST", _PROJECT + "/sandboxes", SESSION, create_sandbox),

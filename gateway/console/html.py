@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from html import escape
 from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 from starlette.responses import HTMLResponse
+
+from model_gateway.gateway.metering.money import MICROS_PER_UNIT, parse_amount
 
 if TYPE_CHECKING:
     from model_gateway.storage.base import ProjectRecord, UserRecord
@@ -55,7 +58,8 @@ def page(
 <script src="/console/static/console.js" defer></script>
 </head><body>
 <header class="bar"><a class="brand" href="/console/projects">Model Gateway</a>
-<nav>{'<a href="/console/projects">Projects</a>' if user else ""}</nav>
+<nav>{'<a href="/console/projects">Projects</a>' if user else ""}\
+{'<a href="/console/audit">Audit log</a>' if user and user.role == "owner" else ""}</nav>
 <div class="account">{account}</div></header>
 <main>{body}</main>
 </body></html>"""
@@ -111,14 +115,37 @@ def short_time(iso_time: str | None) -> str:
     return esc((iso_time or "").replace("T", " ")[:16])
 
 
+def usd(micros: int) -> str:
+    """An amount as people read it: `$0.0012`, `$5.00`, `$1,250.50`, `-$0.000001`. Exact:
+    integer micro-units, trailing zeros dropped down to cents, never a float."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), MICROS_PER_UNIT)
+    cents = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}${whole:,}.{cents}"
+
+
+def usd_text(value: str) -> str:
+    """A decimal string of the API (`"0.001200"`) as `usd` shows it."""
+    return usd(parse_amount(value, at_most=None))
+
+
 def amount_html(value: str | None, empty: str = "none") -> str:
-    return f'<span class="num">{esc(value)}</span>' if value is not None else esc(empty)
+    """A decimal amount string of the API, with its currency (`$0.0012`)."""
+    if value is None:
+        return esc(empty)
+    return f'<span class="num">{esc(usd_text(value))}</span>'
 
 
-def older_link(path: str, cursor: str | None) -> str:
+def key_link(prefix: str) -> str:
+    return f'<a href="/console/keys/{esc(prefix)}"><code>{esc(prefix)}</code></a>'
+
+
+def older_link(path: str, cursor: str | None, query: dict[str, str] | None = None) -> str:
+    """The link to the next page; `query` carries a list's filters along."""
     if cursor is None:
         return ""
-    return f'<p class="more"><a href="{esc(path)}?cursor={esc(cursor)}">Older entries</a></p>'
+    href = f"{path}?{urlencode({**(query or {}), 'cursor': cursor})}"
+    return f'<p class="more"><a href="{esc(href)}">Older entries</a></p>'
 
 
 def api_form(api: str, inner: str, button: str, *, method: str = "POST", extra: str = "") -> str:

@@ -17,18 +17,28 @@ from model_gateway.gateway.console.html import (
     esc,
     facts,
     field,
+    key_link,
     older_link,
     project_page,
     short_time,
     table,
+    usd,
+    usd_text,
 )
 from model_gateway.gateway.console.payload import query_cursor, query_date
+from model_gateway.gateway.console.receipt_filter import (
+    STATUSES,
+    ReceiptFilter,
+    filtered_receipts,
+    receipt_filter,
+)
 from model_gateway.gateway.console.views import ledger_view
-from model_gateway.gateway.metering.money import format_amount, parse_amount
+from model_gateway.gateway.metering.money import parse_amount
 from model_gateway.pipeline.endpoint import Endpoint
 
 if TYPE_CHECKING:
     from model_gateway.gateway.console.mount import Console
+    from model_gateway.storage.base import KeyListing, ReceiptRecord
 
 _P = "/console/projects/{project_id}"
 MAX_DAYS = 366  # the usage page's chart: a bar a day
@@ -39,8 +49,70 @@ def _issued_minute(created_at_us: int) -> str:
     return datetime.fromtimestamp(created_at_us / 1_000_000, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+RECEIPT_COLUMNS = ["Time (UTC)", "Receipt", "Endpoint", "Model", "Key", "Status", "Usage", "Cost"]
+
+
+def receipts_table(found: list[ReceiptRecord], keys: dict[str | None, str], *, empty: str) -> str:
+    """Receipts newest first, each linking to its public proof; `keys` names their keys."""
+    rows: list[list[str]] = []
+    for record in found:
+        usage = record.usage
+        cached = usage.get("cached_input_tokens", 0)
+        amount = (
+            f"{usage.get('input_tokens', 0)} in"
+            + (f" ({cached} cached)" if cached else "")
+            + f" / {usage.get('output_tokens', 0)} out"
+            if record.kind == "inference"
+            else f"{usage.get('duration_ms', 0)} ms"
+        )
+        key = keys.get(record.key_id)
+        rows.append(
+            [
+                esc(_issued_minute(record.created_at)),
+                f'<a href="/proofs/{esc(record.id)}"><code>{esc(record.id)}</code></a>',
+                f"<code>{esc(record.endpoint)}</code>",
+                esc(record.model_or_runtime),
+                key_link(key) if key else "none (console)",
+                esc(record.status),
+                esc(amount),
+                f'<span class="num">{esc(usd(record.cost))}</span>',
+            ]
+        )
+    return table(RECEIPT_COLUMNS, rows, empty=empty)
+
+
+def _filter_form(
+    wanted: ReceiptFilter, listings: list[KeyListing], models: list[str], path: str
+) -> str:
+    """A GET form: the filters travel in the URL (shareable; back and forward work)."""
+
+    def options(values: list[tuple[str, str]], chosen: str | None) -> str:
+        return '<option value="">Any</option>' + "".join(
+            f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>{esc(text)}</option>'
+            for v, text in values
+        )
+
+    keys = [(x.key.prefix, x.key.prefix + (f" ({x.name})" if x.name else "")) for x in listings]
+    statuses = [(s, s) for s in STATUSES]
+    model_list = "".join(f'<option value="{esc(m)}"></option>' for m in models)
+    first = "" if wanted.first is None else wanted.first.isoformat()
+    last = "" if wanted.last is None else wanted.last.isoformat()
+    return (
+        f'<form class="filters card" method="get" action="{esc(path)}" data-clean-query>'
+        + field("Model", "model", value=wanted.model or "", extra='list="model-list"')
+        + f'<datalist id="model-list">{model_list}</datalist>'
+        + f'<label>Key<select name="key">{options(keys, wanted.key_prefix)}</select></label>'
+        + f'<label>Status<select name="status">{options(statuses, wanted.status)}</select>'
+        "</label>"
+        + field("From", "from", kind="date", value=first)
+        + field("To", "to", kind="date", value=last)
+        + '<div class="actions"><button type="submit">Filter</button>'
+        f' <a class="clear" href="{esc(path)}">Clear filters</a></div></form>'
+    )
+
+
 def routes(console: Console) -> list[Endpoint]:
-    storage = console.storage
+    storage, catalog = console.storage, console.gateway.catalog
 
     async def usage(call: Call) -> Response:
         project = await project_of(storage, call)
@@ -107,7 +179,7 @@ def routes(console: Console) -> list[Endpoint]:
             + '<p class="note">Input tokens include cached ones. Cache savings: how much less'
             " cache reads cost than uncached input at the prices applied (the cost already"
             " reflects it), rounded down per row; informational.</p>"
-            + "<h2>Cost per day (USD)</h2>"
+            + "<h2>Cost per day</h2>"
             + cost_chart(first, last, cost)
             + "<h2>Per model</h2>"
             + table(
@@ -126,41 +198,22 @@ def routes(console: Console) -> list[Endpoint]:
 
     async def receipts(call: Call) -> Response:
         project = await project_of(storage, call)
-        found = await storage.list_receipts(project.id, 51, query_cursor(call.query("cursor")))
-        # Older: those before the last one shown (as the JSON API's next_cursor).
-        more = found[49][0] if len(found) > 50 else None
-        rows: list[list[str]] = []
-        for _, record in found[:50]:
-            usage = record.usage
-            cached = usage.get("cached_input_tokens", 0)
-            amount = (
-                f"{usage.get('input_tokens', 0)} in"
-                + (f" ({cached} cached)" if cached else "")
-                + f" / {usage.get('output_tokens', 0)} out"
-                if record.kind == "inference"
-                else f"{usage.get('duration_ms', 0)} ms"
-            )
-            rows.append(
-                [
-                    esc(_issued_minute(record.created_at)),
-                    f'<a href="/proofs/{esc(record.id)}"><code>{esc(record.id)}</code></a>',
-                    f"<code>{esc(record.endpoint)}</code>",
-                    esc(record.model_or_runtime),
-                    esc(record.status),
-                    esc(amount),
-                    amount_html(format_amount(record.cost)),
-                ]
-            )
+        cursor = query_cursor(call.query("cursor"))
+        wanted = await receipt_filter(storage, call, project.id)
+        found, more = await filtered_receipts(storage, project.id, wanted, 50, cursor)
+        listings = await storage.list_keys(project.id)
+        keys: dict[str | None, str] = {x.key.id: x.key.prefix for x in listings}
+        path = f"/console/projects/{project.id}/receipts"
+        filtering = wanted.active
         body = (
-            '<p class="note">Each receipt links to its public proof page.</p>'
-            + table(
-                ["Time (UTC)", "Receipt", "Endpoint", "Model", "Status", "Usage", "Cost"],
-                rows,
-                empty="No receipt yet.",
+            _filter_form(wanted, listings, [m for m, _ in catalog.visible_to(None, project)], path)
+            + '<p class="note">Each receipt links to its public proof page.</p>'
+            + receipts_table(
+                found,
+                keys,
+                empty="No receipt matches these filters." if filtering else "No receipt yet.",
             )
-            + older_link(
-                f"/console/projects/{project.id}/receipts", None if more is None else str(more)
-            )
+            + older_link(path, None if more is None else str(more), wanted.query())
         )
         return project_page("Receipts", project, "receipts", body, user=call.user)
 
@@ -177,7 +230,7 @@ def routes(console: Console) -> list[Endpoint]:
                 [
                     short_time(e["created_at"]),
                     esc(e["kind"]),
-                    f'<span class="num">{sign}{esc(e["amount"])}</span>',
+                    f'<span class="num">{sign}{esc(usd_text(e["amount"]))}</span>',
                     f"<code>{esc(detail)}</code>",
                 ]
             )

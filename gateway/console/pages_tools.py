@@ -77,16 +77,36 @@ def routes(console: Console) -> list[Endpoint]:
         else:
             body = (
                 '<p class="note">Calls run with the project\'s full scope and are billed and '
-                "receipted like any API call.</p>"
+                "receipted like any API call. The conversation stays on this page: each turn "
+                "sends the exchanges before it.</p>"
+                "<h2>Conversation</h2>"
+                '<ol id="conversation" class="conversation" aria-live="polite">'
+                '<li class="empty" id="conversation-empty">No message yet.</li></ol>'
                 f'<form class="card" id="playground" data-project="{esc(project.id)}">'
                 f'<label>Model<select name="model">{options}</select></label>'
-                '<label class="wide">Message<textarea name="message" rows="4" required>'
+                + field(
+                    "Max tokens",
+                    "max_tokens",
+                    kind="number",
+                    extra='min="1" step="1" placeholder="empty: the model\'s maximum"',
+                )
+                + field(
+                    "Temperature",
+                    "temperature",
+                    kind="number",
+                    extra='min="0" max="2" step="0.1" placeholder="empty: the model\'s default"',
+                )
+                + '<label class="wide">System<textarea name="system" rows="2" data-raw'
+                ' placeholder="Instructions sent first at every turn (optional)"></textarea>'
+                "</label>"
+                '<label class="wide">Message<textarea name="message" rows="3" required>'
                 "Say hello to the console.</textarea></label>"
                 '<label class="check"><input type="checkbox" name="stream" checked> Stream</label>'
-                '<div class="actions"><button type="submit">Send</button></div>'
+                '<div class="actions"><button type="submit">Send</button>'
+                ' <button type="button" class="secondary" data-clear-conversation>'
+                "Clear conversation</button></div>"
                 '<p class="form-error" role="alert" hidden></p></form>'
-                '<h2>Output</h2><pre id="output" class="output" aria-live="polite"></pre>'
-                '<h2>Receipt</h2><div id="receipt" class="card receipt">'
+                '<h2>Receipt of the last call</h2><div id="receipt" class="card receipt">'
                 '<p class="note">The receipt of each call appears here.</p></div>'
             )
         return project_page("Playground", project, "playground", body, user=call.user)

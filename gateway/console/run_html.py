@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_gateway.gateway.console.html import esc
+from model_gateway.gateway.console.html import esc, usd_text
 from model_gateway.gateway.metering.money import parse_amount
 
 BAR_WIDTH = 1000  # the bar's SVG user units; console.js scales to the same width
@@ -45,7 +45,7 @@ def _step_row(position: int, step: dict[str, Any]) -> str:
         esc(step["input_tokens"]),
         esc(step["output_tokens"]),
         f"{esc(step['duration_ms'])} ms",
-        f'<span class="num">{esc(step["cost"])}</span>',
+        f'<span class="num">{esc(usd_text(step["cost"]))}</span>',
         link,
         esc(error.get("message", "")),
     ]
@@ -65,8 +65,8 @@ def budget_bar(spent: str, budget: str) -> str:
         ' role="img" aria-label="spent against budget">'
         f'<rect class="track" width="{BAR_WIDTH}" height="14"></rect>'
         f'<rect class="spent" id="run-bar" width="{width}" height="14"></rect></svg>'
-        f'<p class="budget-text"><span class="num" id="run-spent">{esc(spent)}</span> of '
-        f'<span class="num" id="run-budget">{esc(budget)}</span> USD spent</p>'
+        f'<p class="budget-text"><span class="num" id="run-spent">{esc(usd_text(spent))}</span>'
+        f' of <span class="num" id="run-budget">{esc(usd_text(budget))}</span> spent</p>'
     )
 
 

@@ -163,11 +163,7 @@ function showReceipt(box, projectId, receiptId) {
     return;
   }
   const title = document.createElement("p");
-  const link = document.createElement("a");
-  link.href = PROOFS + encodeURIComponent(receiptId);
-  link.textContent = receiptId;
-  link.className = "receipt-id";
-  title.append("Receipt ", link);
+  title.append("Receipt ", proofLink(receiptId, "receipt-id"));
   box.append(title);
   callApi(CONSOLE + "/api/projects/" + encodeURIComponent(projectId) + "/receipts?limit=10", "GET")
     .then((list) => {
@@ -178,22 +174,78 @@ function showReceipt(box, projectId, receiptId) {
       facts.textContent =
         receipt.status + " · " + (receipt.model || receipt.runtime) + " · " +
         (receipt.usage.input_tokens || 0) + " input and " +
-        (receipt.usage.output_tokens || 0) + " output tokens · cost " + receipt.cost + " USD";
+        (receipt.usage.output_tokens || 0) + " output tokens · cost " + usd(receipt.cost);
       box.append(facts);
     })
     .catch(() => {});
+}
+
+function proofLink(receiptId, className) {
+  const link = document.createElement("a");
+  link.href = PROOFS + encodeURIComponent(receiptId);
+  link.textContent = receiptId;
+  if (className) link.className = className;
+  return link;
+}
+
+// The playground's conversation: the exchanges so far, sent before each new message.
+const conversation = [];
+
+function bubble(role, text) {
+  const list = document.getElementById("conversation");
+  document.getElementById("conversation-empty").hidden = true;
+  const item = document.createElement("li");
+  item.className = "msg " + role;
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = role === "user" ? "You" : "Model";
+  const body = document.createElement("div");
+  body.className = "text";
+  body.textContent = text;
+  item.append(who, body);
+  list.append(item);
+  return item;
+}
+
+function clearConversation() {
+  conversation.length = 0;
+  const list = document.getElementById("conversation");
+  list.querySelectorAll("li.msg").forEach((item) => item.remove());
+  document.getElementById("conversation-empty").hidden = false;
+}
+
+function playRequest(form, message) {
+  const messages = [];
+  const system = form.elements.system.value;
+  if (system.trim() !== "") messages.push({ role: "system", content: system });
+  const body = {
+    model: form.elements.model.value,
+    stream: form.elements.stream.checked,
+    messages: messages.concat(conversation, [{ role: "user", content: message }]),
+  };
+  const maxTokens = form.elements.max_tokens.value.trim();
+  if (maxTokens !== "") body.max_tokens = parseInt(maxTokens, 10);
+  const temperature = form.elements.temperature.value.trim();
+  if (temperature !== "") body.temperature = Number(temperature);
+  return body;
 }
 
 async function play(event) {
   event.preventDefault();
   const form = event.target;
   const projectId = form.dataset.project;
-  const output = document.getElementById("output");
   const receiptBox = document.getElementById("receipt");
   const button = form.querySelector("button[type=submit]");
-  const stream = form.elements.stream.checked;
+  const message = form.elements.message.value;
+  const body = playRequest(form, message);
   form.querySelector(".form-error").hidden = true;
-  output.textContent = "";
+  const asked = bubble("user", message);
+  const answer = bubble("assistant", "");
+  // The reply being written is #output, as before conversations.
+  const previous = document.getElementById("output");
+  if (previous) previous.removeAttribute("id");
+  const output = answer.querySelector(".text");
+  output.id = "output";
   receiptBox.textContent = "Waiting for the call to finish…";
   button.disabled = true;
   try {
@@ -203,11 +255,7 @@ async function play(event) {
         method: "POST",
         credentials: "same-origin",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({
-          model: form.elements.model.value,
-          stream: stream,
-          messages: [{ role: "user", content: form.elements.message.value }],
-        }),
+        body: JSON.stringify(body),
       },
     );
     const receiptId = response.headers.get("x-receipt-id");
@@ -215,7 +263,7 @@ async function play(event) {
       const data = await response.json().catch(() => ({}));
       throw new Error((data.error && data.error.message) || "The call failed.");
     }
-    if (stream) {
+    if (body.stream) {
       await readEvents(response, (payload) => {
         if (payload === "[DONE]") return;
         const chunk = JSON.parse(payload);
@@ -230,13 +278,50 @@ async function play(event) {
       const data = await response.json();
       output.textContent = data.choices[0].message.content || "";
     }
+    conversation.push(
+      { role: "user", content: message },
+      { role: "assistant", content: output.textContent },
+    );
+    form.elements.message.value = "";
+    if (receiptId) {
+      const note = document.createElement("p");
+      note.className = "turn-receipt";
+      note.append("Receipt ", proofLink(receiptId));
+      answer.append(note);
+    }
     showReceipt(receiptBox, projectId, receiptId);
   } catch (error) {
+    // A refused turn is not part of the conversation: the next one is sent without it.
+    asked.remove();
+    answer.remove();
+    if (conversation.length === 0) document.getElementById("conversation-empty").hidden = false;
     showError(form, error.message);
     receiptBox.textContent = "No receipt: nothing was billed.";
   } finally {
     button.disabled = false;
   }
+}
+
+// "0.001200" -> "$0.0012": as html.usd, exact (BigInt micro-units), cents at least.
+function usd(amount) {
+  const value = micros(amount);
+  const whole = (value / 1000000n).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  let cents = (value % 1000000n).toString().padStart(6, "0").replace(/0+$/, "");
+  while (cents.length < 2) cents += "0";
+  return "$" + whole + "." + cents;
+}
+
+// A GET form of filters: only the fields with a value go into the URL (the server reads
+// an empty one as no filter too, so the form works without this script).
+function cleanQuery(event) {
+  const form = event.target;
+  event.preventDefault();
+  const query = new URLSearchParams();
+  for (const [name, value] of new FormData(form)) {
+    if (String(value).trim() !== "") query.append(name, String(value).trim());
+  }
+  const search = query.toString();
+  window.location.assign(form.getAttribute("action") + (search ? "?" + search : ""));
 }
 
 // A run's page: its steps as they close, the budget bar, the output or error at the end.
@@ -254,14 +339,11 @@ function stepRow(table, position, step) {
     const cell = document.createElement("td");
     cell.dataset.label = labels[n];
     if (n === 7 && step.receipt_id) {
-      const link = document.createElement("a");
-      link.href = PROOFS + encodeURIComponent(step.receipt_id);
-      link.textContent = step.receipt_id;
-      cell.append(link);
+      cell.append(proofLink(step.receipt_id));
     } else if (n === 6) {
       const amount = document.createElement("span");
       amount.className = "num";
-      amount.textContent = text;
+      amount.textContent = usd(text);
       cell.append(amount);
     } else {
       cell.textContent = n === 7 ? "none" : text;
@@ -272,8 +354,8 @@ function stepRow(table, position, step) {
 }
 
 function showSpent(run) {
-  document.getElementById("run-spent").textContent = run.spent;
-  document.getElementById("run-budget").textContent = run.budget;
+  document.getElementById("run-spent").textContent = usd(run.spent);
+  document.getElementById("run-budget").textContent = usd(run.budget);
   // As run_html.spent_width: exact integers of micro-units, rounded down, capped.
   const budget = micros(run.budget);
   const width = budget > 0n ? (micros(run.spent) * BigInt(BAR_WIDTH)) / budget : 0n;
@@ -334,6 +416,7 @@ if (runSection && runSection.dataset.running === "true") followRun(runSection);
 
 document.addEventListener("submit", (event) => {
   if (event.target.id === "playground") play(event);
+  else if (event.target.hasAttribute("data-clean-query")) cleanQuery(event);
   else submitForm(event);
 });
 
@@ -348,5 +431,7 @@ document.addEventListener("click", (event) => {
     postButton(target);
   } else if (target.dataset.copy) {
     copyText(target);
+  } else if (target.hasAttribute("data-clear-conversation")) {
+    clearConversation();
   }
 });
