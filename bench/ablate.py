@@ -36,6 +36,19 @@ def ablations() -> list[str]:
     return list(module.ABLATIONS)
 
 
+def ablated_gateway(gateway: Path, name: str, folder: Path) -> Path:
+    """A `gateway` command in `folder` that runs `gateway` with the ablation `name`."""
+    ablated = folder / f"gateway-{name}"
+    site, target = shlex.quote(str(SITE)), shlex.quote(str(gateway))
+    ablated.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} GATEWAY_ABLATION={name}"
+        f' exec {target} "$@"\n'
+    )
+    ablated.chmod(ablated.stat().st_mode | stat.S_IXUSR)
+    return ablated
+
+
 def main() -> None:
     names = ablations()
     if len(sys.argv) < 2 or sys.argv[1] not in names:
@@ -45,14 +58,7 @@ def main() -> None:
     if "--gateway" in rest:
         gateway = Path(rest[rest.index("--gateway") + 1])
     with tempfile.TemporaryDirectory() as tmp:
-        ablated = Path(tmp) / "gateway"
-        site, target = shlex.quote(str(SITE)), shlex.quote(str(gateway))
-        ablated.write_text(
-            "#!/bin/sh\n"
-            f"PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} GATEWAY_ABLATION={name}"
-            f' exec {target} "$@"\n'
-        )
-        ablated.chmod(ablated.stat().st_mode | stat.S_IXUSR)
+        ablated = ablated_gateway(gateway, name, Path(tmp))
         paired = [sys.executable, str(BENCH_DIR / "paired.py"), "--name-b", name]
         done = subprocess.run([*paired, "--gateway-b", str(ablated), *rest])
     sys.exit(done.returncode)

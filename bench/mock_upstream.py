@@ -6,10 +6,13 @@ streams carry it (in a last chunk) only when `stream_options.include_usage` is s
 as OpenAI does. Each distinct (path, body) is rendered once and cached; only the
 16-hex-digit response id changes from one request to the next.
 
-    python bench/mock_upstream.py --port 9101 [--chunks 8] [--delay-ms 0]
+    python bench/mock_upstream.py --port 9101 [--chunks 8] [--delay-ms 0] [--interval-ms 0]
 
 `--chunks` (env MOCK_CHUNKS) is the number of text deltas per answer, which is also
-its output token count; `--delay-ms` (env MOCK_DELAY_MS) delays every answer.
+its output token count; `--delay-ms` (env MOCK_DELAY_MS) delays every answer;
+`--interval-ms` (env MOCK_INTERVAL_MS) sends a stream's events that far apart (the
+head and first event at once, then one event a tick of one shared timer), as a model
+generating tokens does; 0 sends a whole stream in one write.
 """
 
 from __future__ import annotations
@@ -44,13 +47,32 @@ def error_response(status: str, message: str, kind: str = "invalid_request_error
     return json_response(status, {"error": {"message": message, "type": kind}})
 
 
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+EVENT_END = b"\r\n"  # each event is one HTTP chunk: its size line, the event, this
+STREAM_END = b"0\r\n\r\n"
+
+
 def sse_response(events: list[bytes]) -> bytes:
-    head = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-        b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(event), event) for event in events)
-    return head + chunks + b"0\r\n\r\n"
+    return SSE_HEAD + chunks + STREAM_END
+
+
+def paced_pieces(response: bytes) -> list[bytes]:
+    """A stream's response cut into the writes of a paced answer: the head with the first
+    event, then one event (one HTTP chunk) each, the last with the end of the body."""
+    body = response[len(SSE_HEAD) : -len(STREAM_END)]
+    chunks, rest = [], body
+    while rest:
+        size_line, _, after = rest.partition(b"\r\n")
+        end = int(size_line, 16) + len(EVENT_END)
+        chunks.append(rest[: len(size_line) + 2 + end])
+        rest = after[end:]
+    chunks[0] = SSE_HEAD + chunks[0]
+    chunks[-1] += STREAM_END
+    return chunks
 
 
 def data_event(obj: object) -> bytes:
@@ -213,11 +235,36 @@ MALFORMED = error_response("400 Bad Request", "malformed HTTP request")
 class MockUpstream:
     """The per-server state: answer settings, the render cache and the id counter."""
 
-    def __init__(self, chunks: int, delay_s: float):
+    def __init__(self, chunks: int, delay_s: float, interval_s: float = 0.0):
         self.chunks = chunks
         self.delay_s = delay_s
+        self.interval_s = interval_s
         self.cache: dict[tuple[bytes, bytes], bytes] = {}
         self.ids = itertools.count(1)
+        # Paced streams: (protocol, the writes still to send, keep-alive), one event each a
+        # tick of one timer for all of them (a timer per stream costs the mock a core).
+        self.paced: list[tuple[MockProtocol, list[bytes], bool]] = []
+        self.ticking = False
+
+    def pace(self, protocol: MockProtocol, response: bytes, keep_alive: bool) -> None:
+        pieces = paced_pieces(response)
+        protocol.send(pieces[0], keep_alive=True)
+        self.paced.append((protocol, pieces[:0:-1], keep_alive))  # reversed: pop() is next
+        if not self.ticking:
+            self.ticking = True
+            asyncio.get_running_loop().call_later(self.interval_s, self.tick)
+
+    def tick(self) -> None:
+        still = []
+        for protocol, pieces, keep_alive in self.paced:
+            last = len(pieces) == 1
+            protocol.send(pieces.pop(), keep_alive=keep_alive or not last)
+            if not last:
+                still.append((protocol, pieces, keep_alive))
+        self.paced = still
+        self.ticking = bool(still)
+        if still:
+            asyncio.get_running_loop().call_later(self.interval_s, self.tick)
 
     def respond(self, method: bytes, url: bytes, body: bytes) -> bytes:
         path = url.partition(b"?")[0]
@@ -269,7 +316,9 @@ class MockProtocol(asyncio.Protocol):
         method = self.parser.get_method()
         response = self.upstream.respond(method, self.url, b"".join(self.body))
         keep_alive = self.parser.should_keep_alive()
-        if self.upstream.delay_s:
+        if self.upstream.interval_s and response.startswith(SSE_HEAD):
+            self.upstream.pace(self, response, keep_alive)
+        elif self.upstream.delay_s:
             asyncio.get_running_loop().call_later(
                 self.upstream.delay_s, self.send, response, keep_alive
             )
@@ -299,8 +348,11 @@ def main() -> None:
     parser.add_argument(
         "--delay-ms", type=float, default=float(os.environ.get("MOCK_DELAY_MS", "0"))
     )
+    parser.add_argument(
+        "--interval-ms", type=float, default=float(os.environ.get("MOCK_INTERVAL_MS", "0"))
+    )
     args = parser.parse_args()
-    upstream = MockUpstream(max(1, args.chunks), args.delay_ms / 1000)
+    upstream = MockUpstream(max(1, args.chunks), args.delay_ms / 1000, args.interval_ms / 1000)
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(serve(args.host, args.port, upstream))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import resource
@@ -75,19 +76,19 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_healthy(self, timeout_s: float = 30.0) -> None:
-        """Poll GET /healthz until it answers 200; StartError if it exits or times out."""
+    def wait_healthy(self, timeout_s: float = 30.0, path: str = "/healthz") -> None:
+        """Poll GET `path` until it answers 200; StartError if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise StartError(f"exited with {self.proc.returncode}{self.log_tail()}")
             try:
-                if http_request(self.port, "GET", "/healthz", timeout=1)[0] == 200:
+                if http_request(self.port, "GET", path, timeout=1)[0] == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.1)
-        raise StartError(f"GET /healthz not 200 within {timeout_s:.0f} s{self.log_tail()}")
+        raise StartError(f"GET {path} not 200 within {timeout_s:.0f} s{self.log_tail()}")
 
     def log_tail(self, lines: int = 8) -> str:
         text = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
@@ -161,3 +162,12 @@ def own_seconds() -> float:
             resource.getrusage(resource.RUSAGE_CHILDREN),
         )
     )
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run pid, its descendants and all their threads on `cpus` only (threads they start
+    later inherit it from the thread that starts them)."""
+    for each in process_tree(pid):
+        for task in Path(f"/proc/{each}/task").glob("*"):
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.sched_setaffinity(int(task.name), cpus)

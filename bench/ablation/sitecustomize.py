@@ -160,6 +160,15 @@ def _stream_holds_from_leases(*, shown: bool) -> None:
     LeasedMeter.reserve = as_unwatched
 
 
+def wide_batches() -> None:
+    """Group commit takes up to its largest batch whether or not the loop is busy (no
+    lockstep batches of 8 while it has time to spare): what the small batches cost with
+    hundreds of requests in flight behind a slow upstream."""
+    from model_gateway.storage.batching import Batcher
+
+    Batcher._batch_size = lambda self: self._max_batch
+
+
 ABLATIONS = {
     "no-settle-sql": no_settle_sql,
     "no-log": no_log,
@@ -168,6 +177,7 @@ ABLATIONS = {
     "journal": journal,
     "commit-after-response": commit_after_response,
     "watched-lease": watched_lease,
+    "wide-batches": wide_batches,
 }
 
 if (_name := os.environ.get("GATEWAY_ABLATION")) is not None:
