@@ -1,7 +1,7 @@
-"""The three rate limiters as the tests drive them: a handle that takes from buckets, and
+"""The four rate limiters as the tests drive them: a handle that takes from buckets, and
 gives back to them, at a given time (milliseconds of a test's own timeline) or, with no
-time, on the limiter's clock (this process's for the in-process one, the server's for
-PostgreSQL and Redis)."""
+time, on the limiter's clock (this process's for the in-process one, the box's for the
+workers' shared one, the server's for PostgreSQL and Redis)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import secrets
 import time
 from collections.abc import Sequence
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from model_gateway.gateway.ratelimit.redis_gcra import RedisGcra
+from model_gateway.gateway.ratelimit.shared_gcra import SharedGcra, create_table
 from model_gateway.gateway.ratelimit.store_health import StoreHealth
 from model_gateway.pipeline.gcra import Gcra
 from model_gateway.pipeline.ports import Take
@@ -25,6 +27,7 @@ from model_gateway.storage import open_storage
 
 LIMITERS = [
     pytest.param("in-process", id="in-process"),
+    pytest.param("workers", id="workers"),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
 ]
@@ -75,7 +78,10 @@ def _at_us(at_ms: int | None) -> int | None:
 class InProcess(Limiter):
     def __init__(self) -> None:
         self.now: int | None = None
-        self.gcra = Gcra(lambda: time.monotonic_ns() // 1_000_000 if self.now is None else self.now)
+        self.gcra = Gcra(self.clock)
+
+    def clock(self) -> int:
+        return time.monotonic_ns() // 1_000_000 if self.now is None else self.now
 
     async def verdict(self, buckets: Buckets, at_ms: int | None = None) -> tuple[int, int]:
         self.now = at_ms
@@ -87,6 +93,17 @@ class InProcess(Limiter):
 
     async def close(self) -> None:
         pass
+
+
+class Workers(InProcess):
+    """A worker's handle on the table the workers of one box share (each its own map)."""
+
+    def __init__(self, table: Path) -> None:
+        super().__init__()
+        self.gcra = SharedGcra(table, self.clock)
+
+    async def close(self) -> None:
+        await self.gcra.close()  # type: ignore[attr-defined]
 
 
 class Postgres(Limiter):
@@ -176,7 +193,10 @@ class Handles:
         self.kind = kind
         self.loop = asyncio.new_event_loop()
         self.opened: list[InProcess | Postgres | Redis] = []
-        if kind == "postgresql":
+        if kind == "workers":
+            self.table = request.getfixturevalue("tmp_path") / "ratelimit.buckets"
+            create_table(self.table)
+        elif kind == "postgresql":
             self.postgres_url = request.getfixturevalue("postgres_url")
         elif kind == "redis":
             self.redis_url, self.prefix = request.getfixturevalue("redis_url")
@@ -185,6 +205,8 @@ class Handles:
         handle: InProcess | Postgres | Redis
         if self.kind == "in-process":
             handle = self.opened[0] if self.opened else InProcess()  # one process, one memory
+        elif self.kind == "workers":
+            handle = Workers(self.table)
         elif self.kind == "postgresql":
             handle = self.run(Postgres(self.postgres_url).open())
         else:

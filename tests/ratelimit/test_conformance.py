@@ -1,9 +1,9 @@
-"""One contract for the three rate limiters (in-process, PostgreSQL, Redis), driven with
-explicit arrival times: a bucket of `rpm` may spend its whole minute at once, then gets one
-request back every 60/rpm seconds, with no second burst at a boundary; a request takes
-from all of its buckets or from none; `retry-after` is the whole seconds until it would
-pass. The shared ones also hold it for concurrent callers on several handles (instances),
-and on their own server's clock."""
+"""One contract for the rate limiters (in-process, the workers' shared one, PostgreSQL,
+Redis), driven with explicit arrival times: a bucket of `rpm` may spend its whole minute
+at once, then gets one request back every 60/rpm seconds, with no second burst at a
+boundary; a request takes from all of its buckets or from none; `retry-after` is the
+whole seconds until it would pass. The shared ones also hold it for concurrent callers on
+several handles (instances, workers), and on their own server's clock."""
 
 from __future__ import annotations
 

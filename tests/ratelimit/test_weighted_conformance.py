@@ -1,4 +1,4 @@
-"""Weighted takes and give-backs, one contract for the three limiters (in-process,
+"""Weighted takes and give-backs, one contract for the four limiters (in-process, workers',
 PostgreSQL, Redis), driven with explicit arrival times: a bucket of `per_minute` tokens may
 spend a whole minute's tokens at once and gets them back continuously, `per_minute` a
 minute; a take of `units` goes into all of a request's buckets or none, and the refusal
