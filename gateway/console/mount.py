@@ -20,6 +20,7 @@ from model_gateway.gateway.console import (
     api_purchases,
     api_session,
     pages,
+    sso,
 )
 from model_gateway.gateway.console.call import Call, handler_of
 from model_gateway.gateway.console.guard import (
@@ -101,6 +102,7 @@ class Console:
             + api_purchases.routes(self)
             + api_agents.routes(self)
             + pages.routes(self)
+            + sso.routes(self)  # none without [console.oidc]
         )
         # Observed like /v1: an access line and the request metrics for every console
         # request. The playground is not in this chain: the /v1 chain observes it.
