@@ -26,6 +26,7 @@ from model_gateway.storage.errors import (
 from model_gateway.storage.ports import (
     AccountsPort,
     AgentsPort,
+    AuditPort,
     ClusterPort,
     ConsolePort,
     LedgerPort,
@@ -37,6 +38,7 @@ from model_gateway.storage.records import (
     Account,
     AgentRecord,
     Audit,
+    AuditEntry,
     InstanceRecord,
     KeyListing,
     KeyRecord,
@@ -99,7 +101,14 @@ def _translating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, An
 
 
 class Storage(
-    LifecyclePort, AccountsPort, LedgerPort, LogPort, ConsolePort, AgentsPort, ClusterPort
+    LifecyclePort,
+    AccountsPort,
+    LedgerPort,
+    LogPort,
+    ConsolePort,
+    AuditPort,
+    AgentsPort,
+    ClusterPort,
 ):
     """The interface every backend implements: every domain port, and `open`.
 
@@ -172,6 +181,8 @@ __all__ = [
     "AgentsPort",
     "AmountOverflow",
     "Audit",
+    "AuditEntry",
+    "AuditPort",
     "ClusterPort",
     "ConsolePort",
     "InstanceRecord",

@@ -8,6 +8,11 @@ backend may offer more, as a port of its own that `Storage` does not include
 
 Every method is abstract but the agents' (see `AgentsPort`); the defaults some have are
 `Storage`'s.
+
+Audited changes: every administrative change (of AccountsPort, the money an operator adds
+in LedgerPort, sessions and failed sign-ins in ConsolePort) takes `audit`, the AuditEntry
+that records it, written in the change's own transaction: both are stored, or neither
+(AuditPort).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from model_gateway.storage.records import (
     Account,
     AgentRecord,
     Audit,
+    AuditEntry,
     InstanceRecord,
     KeyListing,
     KeyRecord,
@@ -62,7 +68,9 @@ class AccountsPort(Protocol):
     Every key or project change moves the admin epoch (`ClusterPort`)."""
 
     @abc.abstractmethod
-    async def create_project(self, project: ProjectRecord) -> ProjectRecord:
+    async def create_project(
+        self, project: ProjectRecord, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         """Insert a new project."""
 
     @abc.abstractmethod
@@ -74,17 +82,23 @@ class AccountsPort(Protocol):
         """Every project, or those with the given ids; newest first."""
 
     @abc.abstractmethod
-    async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
+    async def update_project(
+        self, project_id: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         """Change monthly_budget, rpm, tpm, allow_models, exclude_models of an active project
         (RecordNotFound, StateConflict when archived)."""
 
     @abc.abstractmethod
-    async def archive_project(self, project_id: str) -> ProjectRecord:
+    async def archive_project(
+        self, project_id: str, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         """Archive an active project (RecordNotFound, StateConflict)."""
 
     @abc.abstractmethod
-    async def create_key(self, key: KeyRecord) -> KeyRecord:
-        """Insert a new key of an existing project (RecordNotFound)."""
+    async def create_key(
+        self, key: KeyRecord, name: str | None = None, audit: AuditEntry | None = None
+    ) -> KeyRecord:
+        """Insert a new key of an existing project, with its label (RecordNotFound)."""
 
     @abc.abstractmethod
     async def get_key(self, prefix: str) -> KeyRecord | None:
@@ -95,12 +109,14 @@ class AccountsPort(Protocol):
         """The project's keys with their label and last use, newest first."""
 
     @abc.abstractmethod
-    async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
+    async def update_key(
+        self, prefix: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> KeyRecord:
         """Change name, models, monthly_limit, expires_at, rpm, tpm of a usable key
         (RecordNotFound, StateConflict when revoked)."""
 
     @abc.abstractmethod
-    async def revoke_key(self, prefix: str) -> KeyRecord:
+    async def revoke_key(self, prefix: str, audit: AuditEntry | None = None) -> KeyRecord:
         """Revoke a usable key (RecordNotFound, StateConflict)."""
 
     @abc.abstractmethod
@@ -118,9 +134,11 @@ class AccountsPort(Protocol):
     # Console users (migration 0005).
 
     @abc.abstractmethod
-    async def create_user(self, user: UserRecord, role: str | None) -> UserRecord:
+    async def create_user(
+        self, user: UserRecord, role: str | None, audit: AuditEntry | None = None
+    ) -> UserRecord:
         """Insert a console user; `role` None: owner when it is the first user, else member
-        (StateConflict: the email exists)."""
+        (StateConflict: the email exists). The audit entry's changes get the role chosen."""
 
     @abc.abstractmethod
     async def get_user(self, email: str) -> UserRecord | None:
@@ -131,11 +149,13 @@ class AccountsPort(Protocol):
         """Every user, oldest first."""
 
     @abc.abstractmethod
-    async def disable_user(self, email: str) -> UserRecord:
+    async def disable_user(self, email: str, audit: AuditEntry | None = None) -> UserRecord:
         """Disable a user and end their sessions (RecordNotFound)."""
 
     @abc.abstractmethod
-    async def grant_project(self, email: str, project_id: str) -> None:
+    async def grant_project(
+        self, email: str, project_id: str, audit: AuditEntry | None = None
+    ) -> None:
         """Let a user see a project; granting twice is a no-op (RecordNotFound)."""
 
     @abc.abstractmethod
@@ -158,7 +178,9 @@ class LedgerPort(Protocol):
         or waits: a hold taken now would commit alone, not share a batch's commit."""
 
     @abc.abstractmethod
-    async def add_credit(self, project_id: str, amount: int, month: str) -> None:
+    async def add_credit(
+        self, project_id: str, amount: int, month: str, audit: AuditEntry | None = None
+    ) -> None:
         """Append a credit entry to the project's ledger (RecordNotFound, AmountOverflow)."""
 
     @abc.abstractmethod
@@ -233,7 +255,9 @@ class LedgerPort(Protocol):
         """The project's ledger newest first; `before` an entry id."""
 
     @abc.abstractmethod
-    async def record_payment(self, payment: PaymentRecord) -> PaymentRecord:
+    async def record_payment(
+        self, payment: PaymentRecord, audit: AuditEntry | None = None
+    ) -> PaymentRecord:
         """Credit a payment once per (project, reference), atomically with its ledger entry
         (RecordNotFound, StateConflict: the reference was recorded, AmountOverflow)."""
 
@@ -242,7 +266,9 @@ class LedgerPort(Protocol):
         """The purchase credited for this transaction, or None."""
 
     @abc.abstractmethod
-    async def record_purchase(self, purchase: PurchaseRecord) -> PurchaseRecord:
+    async def record_purchase(
+        self, purchase: PurchaseRecord, audit: AuditEntry | None = None
+    ) -> PurchaseRecord:
         """Credit an onchain purchase once per transaction, atomically with its ledger entry
         (RecordNotFound, StateConflict: the transaction was credited, AmountOverflow)."""
 
@@ -251,7 +277,9 @@ class LedgerPort(Protocol):
         """The addresses the project pays from, sorted."""
 
     @abc.abstractmethod
-    async def set_payer_addresses(self, project_id: str, addresses: list[str]) -> None:
+    async def set_payer_addresses(
+        self, project_id: str, addresses: list[str], audit: AuditEntry | None = None
+    ) -> None:
         """Replace the project's payer addresses (RecordNotFound, StateConflict: archived,
         PayerAddressTaken: another project holds one of them)."""
 
@@ -364,7 +392,9 @@ class ConsolePort(Protocol):
     """The console's sign-in state (migration 0005): sessions and the sign-in throttle."""
 
     @abc.abstractmethod
-    async def create_session(self, id_hash: bytes, user_id: str, now: int) -> None:
+    async def create_session(
+        self, id_hash: bytes, user_id: str, now: int, audit: AuditEntry | None = None
+    ) -> None:
         """Store a new session."""
 
     @abc.abstractmethod
@@ -384,7 +414,9 @@ class ConsolePort(Protocol):
         """Forget expired sessions and failed sign-ins that no longer count."""
 
     @abc.abstractmethod
-    async def record_login_failure(self, subjects: list[str], now: int) -> None:
+    async def record_login_failure(
+        self, subjects: list[str], now: int, audit: AuditEntry | None = None
+    ) -> None:
         """One failed sign-in under each subject."""
 
     @abc.abstractmethod
@@ -394,6 +426,23 @@ class ConsolePort(Protocol):
     @abc.abstractmethod
     async def clear_login_failures(self, subject: str) -> None:
         """Forget a subject's failures (after a successful sign-in)."""
+
+
+class AuditPort(Protocol):
+    """The audit log (migration 0019): append-only. An entry is written only with the change
+    it records, by that change's method (`audit`); no method updates or deletes one."""
+
+    @abc.abstractmethod
+    async def list_audit(
+        self,
+        limit: int,
+        before: int | None,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+    ) -> list[tuple[int, AuditEntry]]:
+        """Entries newest first as (position, entry), those of one action or actor when
+        given; `before` a position."""
 
 
 class AgentsPort(Protocol):

@@ -283,6 +283,32 @@ class StepRecord(msgspec.Struct, kw_only=True):
     closed_at: int | None = None  # set once its usage and error are written
 
 
+# -- Audit: who changed what, append-only ------------------------------------------------
+
+
+class AuditEntry(msgspec.Struct, kw_only=True):
+    """One administrative change or sign-in (decisions.md, Operators (wave 3)): written in
+    the transaction of the change it records (the `audit` argument of the change's storage
+    method), never updated or deleted. `target` is {"type", "id"} ({"type": "user",
+    "email"} for a failed sign-in); `changes` maps each changed field to its new value.
+    Never a key, a password, a hash or a session id."""
+
+    id: str
+    at: int  # unix seconds
+    actor: str  # "cli:<os user>" | "user:<email>" | "anonymous"
+    action: str  # "<noun>.<verb>", e.g. "key.revoke"
+    target: dict[str, str]
+    changes: dict[str, object] = {}
+    request_id: str | None = None  # the console request that made it; None from the CLI
+
+
+def with_changes(audit: AuditEntry | None, **changes: object) -> AuditEntry | None:
+    """The entry with what only its change's transaction decides (a new user's role)."""
+    if audit is None:
+        return None
+    return msgspec.structs.replace(audit, changes={**audit.changes, **changes})
+
+
 # -- Cluster: the instances --------------------------------------------------------------
 
 

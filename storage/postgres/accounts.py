@@ -7,15 +7,18 @@ from __future__ import annotations
 import msgspec
 
 from model_gateway.storage.errors import RecordNotFound, StateConflict, StorageError
-from model_gateway.storage.postgres.connection import Connection, PostgresBase, Row
+from model_gateway.storage.postgres.audit import PostgresAudit
+from model_gateway.storage.postgres.connection import Connection, Row
 from model_gateway.storage.postgres.rows import _fields, _user
 from model_gateway.storage.records import (
+    AuditEntry,
     KeyListing,
     KeyRecord,
     ProjectRecord,
     SandboxRecord,
     UserRecord,
     now_s,
+    with_changes,
 )
 
 # pg_advisory_xact_lock key: one user creator at a time.
@@ -72,25 +75,26 @@ def _key_listing(row: Row) -> KeyListing:
     )
 
 
-class PostgresAccounts(PostgresBase):
+class PostgresAccounts(PostgresAudit):
     """Projects, keys, sandboxes, users and grants."""
 
-    async def create_project(self, project: ProjectRecord) -> ProjectRecord:
+    async def create_project(
+        self, project: ProjectRecord, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         p = project
-        await self._run(
-            lambda c: c.execute(
-                "INSERT INTO projects (id, name, state, monthly_budget, rpm, tpm, allow_models,"
-                " exclude_models, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                p.id,
-                p.name,
-                p.state,
-                p.monthly_budget,
-                p.rpm,
-                p.tpm,
-                _sorted(p.allow_models),
-                _sorted(p.exclude_models),
-                p.created_at,
-            )
+        await self._execute_audited(
+            audit,
+            "INSERT INTO projects (id, name, state, monthly_budget, rpm, tpm, allow_models,"
+            " exclude_models, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            p.id,
+            p.name,
+            p.state,
+            p.monthly_budget,
+            p.rpm,
+            p.tpm,
+            _sorted(p.allow_models),
+            _sorted(p.exclude_models),
+            p.created_at,
         )
         self._bump_process()
         return project
@@ -106,62 +110,79 @@ class PostgresAccounts(PostgresBase):
             None if ids is None else sorted(ids),
         )
 
-    async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
+    async def update_project(
+        self, project_id: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         columns = ("name", "monthly_budget", "rpm", "tpm", "allow_models", "exclude_models")
-        row = await self._update_row("projects", "id", project_id, "active", columns, changes)
+        row = await self._update_row(
+            "projects", "id", project_id, "active", columns, changes, audit
+        )
         return _project(row)
 
-    async def archive_project(self, project_id: str) -> ProjectRecord:
+    async def archive_project(
+        self, project_id: str, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         row = await self._leave_state(
-            "projects", "id", project_id, ("active", "archived"), f"project {project_id}"
+            "projects", "id", project_id, ("active", "archived"), f"project {project_id}", audit
         )
         return _project(row)
 
     async def _leave_state(
-        self, table: str, column: str, value: str, states: tuple[str, str], noun: str
+        self,
+        table: str,
+        column: str,
+        value: str,
+        states: tuple[str, str],
+        noun: str,
+        audit: AuditEntry | None,
     ) -> Row:
         """Move a row from its live state to its end state (archived, revoked) in one
-        conditional statement; the second read only names the refusal."""
+        conditional statement, with its audit entry; the second read only names the
+        refusal."""
         live, end = states
 
         async def change(conn: Connection) -> Row:
-            row = await conn.fetchrow(
-                f"UPDATE {table} SET state = $2 WHERE {column} = $1 AND state = $3"  # noqa: S608
-                " RETURNING *",
-                value,
-                end,
-                live,
-            )
-            if row is None:
-                if await conn.fetchval(f"SELECT 1 FROM {table} WHERE {column} = $1", value):  # noqa: S608
-                    raise StateConflict(f"{noun} is already {end}")
-                raise RecordNotFound(f"no {noun.split(' ', 1)[0]} {value}")
-            return row
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    f"UPDATE {table} SET state = $2 WHERE {column} = $1 AND state = $3"  # noqa: S608
+                    " RETURNING *",
+                    value,
+                    end,
+                    live,
+                )
+                if row is None:
+                    if await conn.fetchval(f"SELECT 1 FROM {table} WHERE {column} = $1", value):  # noqa: S608
+                        raise StateConflict(f"{noun} is already {end}")
+                    raise RecordNotFound(f"no {noun.split(' ', 1)[0]} {value}")
+                await self._record(conn, audit)
+                return row
 
         row = await self._run(change)
         self._bump_process()
         return row
 
-    async def create_key(self, key: KeyRecord) -> KeyRecord:
+    async def create_key(
+        self, key: KeyRecord, name: str | None = None, audit: AuditEntry | None = None
+    ) -> KeyRecord:
         k = key
-        await self._run(
-            lambda c: c.execute(
-                "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
-                " monthly_limit, expires_at, rpm, tpm, state, created_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                k.id,
-                k.prefix,
-                k.key_hash,
-                k.project_id,
-                _sorted(k.scopes),
-                _sorted(k.models),
-                k.monthly_limit,
-                k.expires_at,
-                k.rpm,
-                k.tpm,
-                k.state,
-                k.created_at,
-            )
+        await self._execute_audited(
+            audit,
+            "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
+            " monthly_limit, expires_at, rpm, tpm, state, created_at, name)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            k.id,
+            k.prefix,
+            k.key_hash,
+            k.project_id,
+            _sorted(k.scopes),
+            _sorted(k.models),
+            k.monthly_limit,
+            k.expires_at,
+            k.rpm,
+            k.tpm,
+            k.state,
+            k.created_at,
+            name,
         )
         self._bump_process()
         return key
@@ -178,14 +199,18 @@ class PostgresAccounts(PostgresBase):
             project_id,
         )
 
-    async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
+    async def update_key(
+        self, prefix: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> KeyRecord:
         columns = ("name", "models", "monthly_limit", "expires_at", "rpm", "tpm")
-        row = await self._update_row("api_keys", "prefix", prefix, "usable", columns, changes)
+        row = await self._update_row(
+            "api_keys", "prefix", prefix, "usable", columns, changes, audit
+        )
         return _key(row)
 
-    async def revoke_key(self, prefix: str) -> KeyRecord:
+    async def revoke_key(self, prefix: str, audit: AuditEntry | None = None) -> KeyRecord:
         row = await self._leave_state(
-            "api_keys", "prefix", prefix, ("usable", "revoked"), f"key {prefix}"
+            "api_keys", "prefix", prefix, ("usable", "revoked"), f"key {prefix}", audit
         )
         return _key(row)
 
@@ -197,9 +222,11 @@ class PostgresAccounts(PostgresBase):
         live_state: str,
         columns: tuple[str, ...],
         changes: dict[str, object],
+        audit: AuditEntry | None,
     ) -> Row:
         """Change the given columns of a row still in its live state, in one conditional
-        statement; bump the admin epoch (cached keys carry their limits and model policy)."""
+        statement, with its audit entry; bump the admin epoch (cached keys carry their
+        limits and model policy)."""
         unknown = set(changes) - set(columns)
         if unknown:
             raise StorageError(f"cannot change {', '.join(sorted(unknown))}")
@@ -218,16 +245,18 @@ class PostgresAccounts(PostgresBase):
         )
 
         async def change(conn: Connection) -> Row:
-            row = await conn.fetchrow(update, value, live_state, *values)
-            if row is None:
-                state = await conn.fetchval(
-                    f"SELECT state FROM {table} WHERE {id_column} = $1",  # noqa: S608
-                    value,
-                )
-                if state is None:
-                    raise RecordNotFound(f"no {noun} {value}")
-                raise StateConflict(f"{noun} {value} is {state}")
-            return row
+            async with conn.transaction():
+                row = await conn.fetchrow(update, value, live_state, *values)
+                if row is None:
+                    state = await conn.fetchval(
+                        f"SELECT state FROM {table} WHERE {id_column} = $1",  # noqa: S608
+                        value,
+                    )
+                    if state is None:
+                        raise RecordNotFound(f"no {noun} {value}")
+                    raise StateConflict(f"{noun} {value} is {state}")
+                await self._record(conn, audit)
+                return row
 
         row = await self._run(change)
         if changes:
@@ -268,7 +297,9 @@ class PostgresAccounts(PostgresBase):
 
     # Console users (migration 0005).
 
-    async def create_user(self, user: UserRecord, role: str | None) -> UserRecord:
+    async def create_user(
+        self, user: UserRecord, role: str | None, audit: AuditEntry | None = None
+    ) -> UserRecord:
         async def create(conn: Connection) -> str:
             async with conn.transaction():
                 # Two first users at once: one is the owner, the other a member.
@@ -288,6 +319,7 @@ class PostgresAccounts(PostgresBase):
                     chosen,
                     user.created_at,
                 )
+                await self._record(conn, with_changes(audit, role=chosen))  # the first: owner
                 return chosen
 
         return msgspec.structs.replace(user, role=await self._run(create))
@@ -298,7 +330,7 @@ class PostgresAccounts(PostgresBase):
     async def list_users(self) -> list[UserRecord]:
         return await self._all(_user, "SELECT * FROM users ORDER BY seq")
 
-    async def disable_user(self, email: str) -> UserRecord:
+    async def disable_user(self, email: str, audit: AuditEntry | None = None) -> UserRecord:
         async def disable(conn: Connection) -> Row:
             async with conn.transaction():
                 row = await conn.fetchrow(
@@ -308,26 +340,31 @@ class PostgresAccounts(PostgresBase):
                 if row is None:
                     raise RecordNotFound(f"no user {email}")
                 await conn.execute("DELETE FROM sessions WHERE user_id = $1", row["id"])
+                await self._record(conn, audit)
                 return row
 
         return _user(await self._run(disable))
 
-    async def grant_project(self, email: str, project_id: str) -> None:
+    async def grant_project(
+        self, email: str, project_id: str, audit: AuditEntry | None = None
+    ) -> None:
         async def grant(conn: Connection) -> None:
-            user_id = await conn.fetchval(
-                "SELECT id FROM users WHERE lower(email) = lower($1)", email
-            )
-            if user_id is None:
-                raise RecordNotFound(f"no user {email}")
-            if not await conn.fetchval("SELECT 1 FROM projects WHERE id = $1", project_id):
-                raise RecordNotFound(f"no project {project_id}")
-            await conn.execute(
-                "INSERT INTO grants (user_id, project_id, created_at) VALUES ($1, $2, $3)"
-                " ON CONFLICT DO NOTHING",
-                user_id,
-                project_id,
-                now_s(),
-            )
+            async with conn.transaction():
+                user_id = await conn.fetchval(
+                    "SELECT id FROM users WHERE lower(email) = lower($1)", email
+                )
+                if user_id is None:
+                    raise RecordNotFound(f"no user {email}")
+                if not await conn.fetchval("SELECT 1 FROM projects WHERE id = $1", project_id):
+                    raise RecordNotFound(f"no project {project_id}")
+                await conn.execute(
+                    "INSERT INTO grants (user_id, project_id, created_at) VALUES ($1, $2, $3)"
+                    " ON CONFLICT DO NOTHING",
+                    user_id,
+                    project_id,
+                    now_s(),
+                )
+                await self._record(conn, audit)
 
         await self._run(grant)
 

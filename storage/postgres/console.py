@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from model_gateway.storage.postgres.connection import Connection, PostgresBase
+from model_gateway.storage.postgres.audit import PostgresAudit
+from model_gateway.storage.postgres.connection import Connection
 from model_gateway.storage.postgres.rows import _user
-from model_gateway.storage.records import UserRecord
+from model_gateway.storage.records import AuditEntry, UserRecord
 
 
-class PostgresConsole(PostgresBase):
+class PostgresConsole(PostgresAudit):
     """Sessions and failed sign-ins (migration 0005)."""
 
-    async def create_session(self, id_hash: bytes, user_id: str, now: int) -> None:
-        await self._run(
-            lambda c: c.execute(
-                "INSERT INTO sessions (id_hash, user_id, created_at, seen_at)"
-                " VALUES ($1, $2, $3, $3)",
-                id_hash,
-                user_id,
-                now,
-            )
+    async def create_session(
+        self, id_hash: bytes, user_id: str, now: int, audit: AuditEntry | None = None
+    ) -> None:
+        await self._execute_audited(
+            audit,
+            "INSERT INTO sessions (id_hash, user_id, created_at, seen_at) VALUES ($1, $2, $3, $3)",
+            id_hash,
+            user_id,
+            now,
         )
 
     async def session_user(self, id_hash: bytes, idle_since: int) -> UserRecord | None:
@@ -45,13 +46,14 @@ class PostgresConsole(PostgresBase):
 
         await self._run(purge)
 
-    async def record_login_failure(self, subjects: list[str], now: int) -> None:
-        await self._run(
-            lambda c: c.execute(
-                "INSERT INTO login_failures (subject, at) SELECT s, $2 FROM unnest($1::text[]) s",
-                subjects,
-                now,
-            )
+    async def record_login_failure(
+        self, subjects: list[str], now: int, audit: AuditEntry | None = None
+    ) -> None:
+        await self._execute_audited(
+            audit,
+            "INSERT INTO login_failures (subject, at) SELECT s, $2 FROM unnest($1::text[]) s",
+            subjects,
+            now,
         )
 
     async def login_failures(self, subject: str, since: int) -> list[int]:

@@ -27,11 +27,13 @@ import orjson
 
 from model_gateway.storage.batching import Outcome
 from model_gateway.storage.errors import PayerAddressTaken, RecordNotFound, StateConflict
-from model_gateway.storage.postgres.connection import _DRIVER_ERRORS, Connection, PostgresBase, Row
+from model_gateway.storage.postgres.audit import PostgresAudit
+from model_gateway.storage.postgres.connection import _DRIVER_ERRORS, Connection, Row
 from model_gateway.storage.postgres.rows import _fields, _receipt
 from model_gateway.storage.records import (
     Account,
     Audit,
+    AuditEntry,
     LedgerEntry,
     PaymentRecord,
     PurchaseRecord,
@@ -84,20 +86,21 @@ def _purchase(row: Row) -> PurchaseRecord:
     )
 
 
-class PostgresLedger(PostgresBase):
+class PostgresLedger(PostgresAudit):
     """The money."""
 
-    async def add_credit(self, project_id: str, amount: int, month: str) -> None:
+    async def add_credit(
+        self, project_id: str, amount: int, month: str, audit: AuditEntry | None = None
+    ) -> None:
         # An unknown project fails the ledger's foreign key: RecordNotFound.
-        await self._run(
-            lambda c: c.execute(
-                "INSERT INTO ledger (project_id, kind, amount, month, created_at)"
-                " VALUES ($1, 'credit', $2, $3, $4)",
-                project_id,
-                amount,
-                month,
-                now_s(),
-            )
+        await self._execute_audited(
+            audit,
+            "INSERT INTO ledger (project_id, kind, amount, month, created_at)"
+            " VALUES ($1, 'credit', $2, $3, $4)",
+            project_id,
+            amount,
+            month,
+            now_s(),
         )
 
     async def reserve(self, reservation: ReservationRecord) -> None:
@@ -403,7 +406,9 @@ class PostgresLedger(PostgresBase):
         )
         return ledger_id
 
-    async def record_payment(self, payment: PaymentRecord) -> PaymentRecord:
+    async def record_payment(
+        self, payment: PaymentRecord, audit: AuditEntry | None = None
+    ) -> PaymentRecord:
         p = payment
 
         async def record(conn: Connection) -> None:
@@ -431,6 +436,7 @@ class PostgresLedger(PostgresBase):
                     p.recorded_by,
                     p.created_at,
                 )
+                await self._record(conn, audit)
 
         await self._run(record)
         return payment
@@ -443,7 +449,9 @@ class PostgresLedger(PostgresBase):
             tx_hash,
         )
 
-    async def record_purchase(self, purchase: PurchaseRecord) -> PurchaseRecord:
+    async def record_purchase(
+        self, purchase: PurchaseRecord, audit: AuditEntry | None = None
+    ) -> PurchaseRecord:
         p = purchase
 
         async def record(conn: Connection) -> None:
@@ -468,6 +476,7 @@ class PostgresLedger(PostgresBase):
                     ledger_id,
                     p.created_at,
                 )
+                await self._record(conn, audit)
 
         await self._run(record)
         return purchase
@@ -479,7 +488,9 @@ class PostgresLedger(PostgresBase):
             project_id,
         )
 
-    async def set_payer_addresses(self, project_id: str, addresses: list[str]) -> None:
+    async def set_payer_addresses(
+        self, project_id: str, addresses: list[str], audit: AuditEntry | None = None
+    ) -> None:
         async def replace(conn: Connection) -> None:
             async with conn.transaction():
                 # The project row's lock orders concurrent replacements: the last one wins whole.
@@ -509,6 +520,7 @@ class PostgresLedger(PostgresBase):
                     project_id,
                     addresses,
                 )
+                await self._record(conn, audit)
 
         await self._run(replace)
 

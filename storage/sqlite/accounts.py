@@ -11,14 +11,16 @@ import orjson
 
 from model_gateway.storage.errors import RecordNotFound, StateConflict, StorageError
 from model_gateway.storage.records import (
+    AuditEntry,
     KeyListing,
     KeyRecord,
     ProjectRecord,
     SandboxRecord,
     UserRecord,
     now_s,
+    with_changes,
 )
-from model_gateway.storage.sqlite.connection import SQLiteBase
+from model_gateway.storage.sqlite.audit import SQLiteAudit
 from model_gateway.storage.sqlite.rows import _json_list, _user
 
 
@@ -55,11 +57,13 @@ def _key(row: sqlite3.Row) -> KeyRecord:
     )
 
 
-class SQLiteAccounts(SQLiteBase):
+class SQLiteAccounts(SQLiteAudit):
     """Projects, keys, sandboxes, users and grants."""
 
-    async def create_project(self, project: ProjectRecord) -> ProjectRecord:
-        await self._write(
+    async def create_project(
+        self, project: ProjectRecord, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
+        await self._write_audited(
             "INSERT INTO projects (id, name, state, monthly_budget, rpm, tpm, allow_models,"
             " exclude_models, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -73,6 +77,7 @@ class SQLiteAccounts(SQLiteBase):
                 _json_list(project.exclude_models),
                 project.created_at,
             ),
+            audit,
         )
         return project
 
@@ -83,12 +88,16 @@ class SQLiteAccounts(SQLiteBase):
         rows = await self._fetchall("SELECT * FROM projects ORDER BY created_at DESC, rowid DESC")
         return [_project(row) for row in rows if ids is None or row["id"] in ids]
 
-    async def update_project(self, project_id: str, changes: dict[str, object]) -> ProjectRecord:
+    async def update_project(
+        self, project_id: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         columns = ("name", "monthly_budget", "rpm", "tpm", "allow_models", "exclude_models")
-        await self._update_row("projects", "id", project_id, "active", columns, changes)
+        await self._update_row("projects", "id", project_id, "active", columns, changes, audit)
         return await self._found(self.get_project(project_id), f"no project {project_id}")
 
-    async def archive_project(self, project_id: str) -> ProjectRecord:
+    async def archive_project(
+        self, project_id: str, audit: AuditEntry | None = None
+    ) -> ProjectRecord:
         async with self._transaction() as db:
             row = await (
                 await db.execute("SELECT state FROM projects WHERE id = ?", (project_id,))
@@ -98,13 +107,16 @@ class SQLiteAccounts(SQLiteBase):
             if row["state"] == "archived":
                 raise StateConflict(f"project {project_id} is already archived")
             await db.execute("UPDATE projects SET state = 'archived' WHERE id = ?", (project_id,))
+            await self._record(db, audit)
         self._epoch.bump()
         archived = await self.get_project(project_id)
         if archived is None:  # projects are never deleted; this would be a broken database
             raise RecordNotFound(f"no project {project_id}")
         return archived
 
-    async def create_key(self, key: KeyRecord) -> KeyRecord:
+    async def create_key(
+        self, key: KeyRecord, name: str | None = None, audit: AuditEntry | None = None
+    ) -> KeyRecord:
         async with self._transaction() as db:
             found = await (
                 await db.execute("SELECT 1 FROM projects WHERE id = ?", (key.project_id,))
@@ -113,8 +125,8 @@ class SQLiteAccounts(SQLiteBase):
                 raise RecordNotFound(f"no project {key.project_id}")
             await db.execute(
                 "INSERT INTO api_keys (id, prefix, key_hash, project_id, scopes, models,"
-                " monthly_limit, expires_at, rpm, tpm, state, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " monthly_limit, expires_at, rpm, tpm, state, created_at, name)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key.id,
                     key.prefix,
@@ -128,8 +140,10 @@ class SQLiteAccounts(SQLiteBase):
                     key.tpm,
                     key.state,
                     key.created_at,
+                    name,
                 ),
             )
+            await self._record(db, audit)
         return key
 
     async def get_key(self, prefix: str) -> KeyRecord | None:
@@ -150,12 +164,14 @@ class SQLiteAccounts(SQLiteBase):
             for row in rows
         ]
 
-    async def update_key(self, prefix: str, changes: dict[str, object]) -> KeyRecord:
+    async def update_key(
+        self, prefix: str, changes: dict[str, object], audit: AuditEntry | None = None
+    ) -> KeyRecord:
         columns = ("name", "models", "monthly_limit", "expires_at", "rpm", "tpm")
-        await self._update_row("api_keys", "prefix", prefix, "usable", columns, changes)
+        await self._update_row("api_keys", "prefix", prefix, "usable", columns, changes, audit)
         return await self._found(self.get_key(prefix), f"no key {prefix}")
 
-    async def revoke_key(self, prefix: str) -> KeyRecord:
+    async def revoke_key(self, prefix: str, audit: AuditEntry | None = None) -> KeyRecord:
         async with self._transaction() as db:
             row = await (
                 await db.execute("SELECT state FROM api_keys WHERE prefix = ?", (prefix,))
@@ -165,6 +181,7 @@ class SQLiteAccounts(SQLiteBase):
             if row["state"] == "revoked":
                 raise StateConflict(f"key {prefix} is already revoked")
             await db.execute("UPDATE api_keys SET state = 'revoked' WHERE prefix = ?", (prefix,))
+            await self._record(db, audit)
         self._epoch.bump()
         revoked = await self.get_key(prefix)
         if revoked is None:  # keys are never deleted; this would be a broken database
@@ -179,9 +196,11 @@ class SQLiteAccounts(SQLiteBase):
         live_state: str,
         columns: tuple[str, ...],
         changes: dict[str, object],
+        audit: AuditEntry | None,
     ) -> None:
-        """Change the given columns of a row still in its live state; bump the admin epoch,
-        since cached keys carry their own and their project's limits and model policy."""
+        """Change the given columns of a row still in its live state, with its audit entry;
+        bump the admin epoch, since cached keys carry their own and their project's limits
+        and model policy."""
         unknown = set(changes) - set(columns)
         if unknown:
             raise StorageError(f"cannot change {', '.join(sorted(unknown))}")
@@ -204,6 +223,7 @@ class SQLiteAccounts(SQLiteBase):
                     f"UPDATE {table} SET {assignments} WHERE {id_column} = ?",  # noqa: S608
                     (*values.values(), value),
                 )
+            await self._record(db, audit)
         self._epoch.bump()
 
     async def create_sandbox(self, sandbox: SandboxRecord) -> SandboxRecord:
@@ -230,7 +250,9 @@ class SQLiteAccounts(SQLiteBase):
 
     # Console users (migration 0005).
 
-    async def create_user(self, user: UserRecord, role: str | None) -> UserRecord:
+    async def create_user(
+        self, user: UserRecord, role: str | None, audit: AuditEntry | None = None
+    ) -> UserRecord:
         async with self._transaction() as db:
             if role is None:
                 row = await (await db.execute("SELECT 1 FROM users LIMIT 1")).fetchone()
@@ -240,6 +262,7 @@ class SQLiteAccounts(SQLiteBase):
                 " VALUES (?, ?, ?, ?, 0, ?)",
                 (user.id, user.email, user.password_hash, role, user.created_at),
             )
+            await self._record(db, with_changes(audit, role=role))  # the first: owner
         return msgspec.structs.replace(user, role=role)
 
     async def get_user(self, email: str) -> UserRecord | None:
@@ -248,7 +271,7 @@ class SQLiteAccounts(SQLiteBase):
     async def list_users(self) -> list[UserRecord]:
         return [_user(row) for row in await self._fetchall("SELECT * FROM users ORDER BY rowid")]
 
-    async def disable_user(self, email: str) -> UserRecord:
+    async def disable_user(self, email: str, audit: AuditEntry | None = None) -> UserRecord:
         async with self._transaction() as db:
             row = await (
                 await db.execute("SELECT id FROM users WHERE email = ?", (email,))
@@ -257,9 +280,12 @@ class SQLiteAccounts(SQLiteBase):
                 raise RecordNotFound(f"no user {email}")
             await db.execute("UPDATE users SET disabled = 1 WHERE id = ?", (row["id"],))
             await db.execute("DELETE FROM sessions WHERE user_id = ?", (row["id"],))
+            await self._record(db, audit)
         return await self._found(self.get_user(email), f"no user {email}")
 
-    async def grant_project(self, email: str, project_id: str) -> None:
+    async def grant_project(
+        self, email: str, project_id: str, audit: AuditEntry | None = None
+    ) -> None:
         async with self._transaction() as db:
             user = await (
                 await db.execute("SELECT id FROM users WHERE email = ?", (email,))
@@ -275,6 +301,7 @@ class SQLiteAccounts(SQLiteBase):
                 "INSERT OR IGNORE INTO grants (user_id, project_id, created_at) VALUES (?, ?, ?)",
                 (user["id"], project_id, now_s()),
             )
+            await self._record(db, audit)
 
     async def granted_projects(self, user_id: str) -> set[str]:
         rows = await self._fetchall("SELECT project_id FROM grants WHERE user_id = ?", (user_id,))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from model_gateway.storage.records import UserRecord
-from model_gateway.storage.sqlite.connection import SQLiteBase
+from model_gateway.storage.records import AuditEntry, UserRecord
+from model_gateway.storage.sqlite.audit import SQLiteAudit
 from model_gateway.storage.sqlite.rows import _user
 
 
-class SQLiteConsole(SQLiteBase):
+class SQLiteConsole(SQLiteAudit):
     """Sessions and failed sign-ins (migration 0005)."""
 
-    async def create_session(self, id_hash: bytes, user_id: str, now: int) -> None:
-        await self._write(
+    async def create_session(
+        self, id_hash: bytes, user_id: str, now: int, audit: AuditEntry | None = None
+    ) -> None:
+        await self._write_audited(
             "INSERT INTO sessions (id_hash, user_id, created_at, seen_at) VALUES (?, ?, ?, ?)",
             (id_hash, user_id, now, now),
+            audit,
         )
 
     async def session_user(self, id_hash: bytes, idle_since: int) -> UserRecord | None:
@@ -34,12 +37,15 @@ class SQLiteConsole(SQLiteBase):
         await self._write("DELETE FROM sessions WHERE seen_at < ?", (sessions_seen_before,))
         await self._write("DELETE FROM login_failures WHERE at < ?", (failures_before,))
 
-    async def record_login_failure(self, subjects: list[str], now: int) -> None:
+    async def record_login_failure(
+        self, subjects: list[str], now: int, audit: AuditEntry | None = None
+    ) -> None:
         async with self._transaction() as db:
             await db.executemany(
                 "INSERT INTO login_failures (subject, at) VALUES (?, ?)",
                 [(subject, now) for subject in subjects],
             )
+            await self._record(db, audit)
 
     async def login_failures(self, subject: str, since: int) -> list[int]:
         rows = await self._fetchall(

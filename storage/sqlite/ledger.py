@@ -16,6 +16,7 @@ from model_gateway.storage.errors import PayerAddressTaken, RecordNotFound, Stat
 from model_gateway.storage.records import (
     Account,
     Audit,
+    AuditEntry,
     LedgerEntry,
     PaymentRecord,
     PurchaseRecord,
@@ -25,7 +26,7 @@ from model_gateway.storage.records import (
     ledger_entry,
     now_s,
 )
-from model_gateway.storage.sqlite.connection import SQLiteBase
+from model_gateway.storage.sqlite.audit import SQLiteAudit
 from model_gateway.storage.sqlite.rows import (
     _month_of,
     _receipt,
@@ -58,16 +59,19 @@ def _usage_sums(row: sqlite3.Row) -> dict[str, object]:
     return sums
 
 
-class SQLiteLedger(SQLiteBase):
+class SQLiteLedger(SQLiteAudit):
     """The money."""
 
-    async def add_credit(self, project_id: str, amount: int, month: str) -> None:
+    async def add_credit(
+        self, project_id: str, amount: int, month: str, audit: AuditEntry | None = None
+    ) -> None:
         if await self.get_project(project_id) is None:
             raise RecordNotFound(f"no project {project_id}")
-        await self._write(
+        await self._write_audited(
             "INSERT INTO ledger (project_id, kind, amount, month, created_at)"
             " VALUES (?, 'credit', ?, ?, ?)",
             (project_id, amount, month, now_s()),
+            audit,
         )
 
     async def reserve(self, reservation: ReservationRecord) -> None:
@@ -333,7 +337,9 @@ class SQLiteLedger(SQLiteBase):
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
-    async def record_payment(self, payment: PaymentRecord) -> PaymentRecord:
+    async def record_payment(
+        self, payment: PaymentRecord, audit: AuditEntry | None = None
+    ) -> PaymentRecord:
         p = payment
         async with self._transaction() as db:
             ledger_id = await self._credit_once(
@@ -361,6 +367,7 @@ class SQLiteLedger(SQLiteBase):
                     p.created_at,
                 ),
             )
+            await self._record(db, audit)
         return payment
 
     async def get_purchase(self, tx_hash: str) -> PurchaseRecord | None:
@@ -374,7 +381,9 @@ class SQLiteLedger(SQLiteBase):
         fields = {name: row[name] for name in PurchaseRecord.__struct_fields__}
         return PurchaseRecord(**{**fields, "token_units": int(row["token_units"])})
 
-    async def record_purchase(self, purchase: PurchaseRecord) -> PurchaseRecord:
+    async def record_purchase(
+        self, purchase: PurchaseRecord, audit: AuditEntry | None = None
+    ) -> PurchaseRecord:
         p = purchase
         async with self._transaction() as db:
             ledger_id = await self._credit_once(
@@ -399,6 +408,7 @@ class SQLiteLedger(SQLiteBase):
                     p.created_at,
                 ),
             )
+            await self._record(db, audit)
         return purchase
 
     async def payer_addresses(self, project_id: str) -> list[str]:
@@ -408,7 +418,9 @@ class SQLiteLedger(SQLiteBase):
         )
         return [row["address"] for row in rows]
 
-    async def set_payer_addresses(self, project_id: str, addresses: list[str]) -> None:
+    async def set_payer_addresses(
+        self, project_id: str, addresses: list[str], audit: AuditEntry | None = None
+    ) -> None:
         async with self._transaction() as db:
             row = await (
                 await db.execute("SELECT state FROM projects WHERE id = ?", (project_id,))
@@ -433,6 +445,7 @@ class SQLiteLedger(SQLiteBase):
                 " ON CONFLICT (project_id, address) DO NOTHING",  # a repeated address
                 [(project_id, address) for address in addresses],
             )
+            await self._record(db, audit)
 
     # -- Leases (migrations/sqlite/0012_leases.sql): every write one group-committed statement
 

@@ -19,6 +19,7 @@ from model_gateway.storage import (
     RateLimitPort,
     Storage,
 )
+from model_gateway.storage.ports import AuditPort
 from model_gateway.storage.postgres import PostgresStorage
 from model_gateway.storage.sqlite import SQLiteStorage
 
@@ -27,6 +28,7 @@ DOMAINS = {
     "ledger": LedgerPort,
     "log": LogPort,
     "console": ConsolePort,
+    "audit": AuditPort,
     "agents": AgentsPort,
     "cluster": ClusterPort,
 }
