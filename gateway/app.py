@@ -38,7 +38,7 @@ from model_gateway.gateway.sandbox.executions import SandboxExecutions
 from model_gateway.gateway.sandbox.pool import NodePool
 from model_gateway.pipeline import build_pipeline
 from model_gateway.pipeline.endpoint import RouteTable
-from model_gateway.pipeline.ports import RequestObserver
+from model_gateway.pipeline.ports import Meter, RequestObserver
 from model_gateway.storage import ReceiptRecord, Storage, open_storage
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class Gateway:
         """The request path over this gateway's parts; `authenticate` swaps key auth for
         another principal (the console playground)."""
         config, tracing = self.config, self.tracing
-        meter = self.meter if config.metering.enabled else None
+        meter: Meter | None = self.meter if config.metering.enabled else None
         if tracing is not None and meter is not None:
             meter = tracing.meter(meter)  # a span for each settlement
         path = build_pipeline(

@@ -26,6 +26,7 @@ from aiohttp.connector import Connection
 
 from model_gateway.gateway.config import ProviderConfig
 from model_gateway.gateway.inference.sse import Event, EventTooLarge, SSEDecoder
+from model_gateway.gateway.telemetry.hooks import current_attempt
 from model_gateway.pipeline.errors import GatewayError, InvalidRequest, ProviderError
 
 if TYPE_CHECKING:
@@ -344,10 +345,12 @@ class HttpProvider(Provider):
             raise ProviderError()
         data = orjson.dumps(body)
         url = self.base_url + path
+        attempt = current_attempt.get()  # None unless tracing is on (telemetry/hooks.py)
         headers = {
             "content-type": "application/json",
             **self.config.headers,
             **(extra_headers or {}),
+            **(attempt.headers if attempt is not None else {}),  # the attempt span's traceparent
             **await self.signed_headers(url, data),
         }
         _REUSED.set(False)
@@ -365,6 +368,8 @@ class HttpProvider(Provider):
                 raise unreachable(self.name, exc) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise unreachable(self.name, exc) from None
+        if attempt is not None:
+            attempt.answered(response.status)
         if response.status < 300:
             acceptance.accept()
             return response
@@ -410,7 +415,11 @@ class HttpProvider(Provider):
             raise unreachable(self.name, exc) from None
         finally:
             response.close()
-        return parse_json(self.name, raw)
+        answer = parse_json(self.name, raw)
+        attempt = current_attempt.get()
+        if attempt is not None:
+            attempt.response_model(answer.get("model"))  # gen_ai.response.model, when named
+        return answer
 
     async def _answer(self, response: aiohttp.ClientResponse) -> bytes:
         """A whole answer's body, at most MAX_ANSWER_BYTES once decoded: read at once when

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from model_gateway.gateway.routing.failures import RETRYABLE, WORDS, reason_of
+from model_gateway.gateway.telemetry.hooks import current_trace
 from model_gateway.pipeline.errors import GatewayError, ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ async def attempt_chain(
     skipped by its breaker) 503 with retry-after."""
     last_error: GatewayError | None = None
     skipped: list[int] = []
+    trace = current_trace.get()  # None unless tracing is on: each attempt a span of its own
     for name, upstream in routes(ctx):
         provider = providers[name]
         if not provider.config.configured:
@@ -58,7 +60,10 @@ async def attempt_chain(
         if metrics is not None:
             metrics.upstream_attempts.labels(name).inc()
         try:
-            response = await serve(provider, upstream)
+            if trace is None:
+                response = await serve(provider, upstream)
+            else:
+                response = await trace.attempt(ctx, provider, upstream, serve)
         except GatewayError as error:
             reason = reason_of(error)
             _failed(ctx, name, reason, error, metrics)
@@ -100,6 +105,9 @@ def stream_ended(
     after the first byte cannot fall back, but is the provider's as much as one before
     it: logged, counted in upstream_failures, and against the breaker when it is the
     provider's fault. `abandoned`: the client left, or a bug of ours (no verdict)."""
+    trace = current_trace.get()
+    if trace is not None:
+        trace.stream_ended(error, abandoned=abandoned)
     breaker = providers.breakers[provider]
     if abandoned:
         breaker.abandoned()
