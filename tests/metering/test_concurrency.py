@@ -35,10 +35,22 @@ def leased_gateway(tmp_path_factory):
         yield process
 
 
-@pytest.fixture(params=["holds", "leases"])
+@pytest.fixture(scope="module")
+def workers_gateway(tmp_path_factory):
+    """Two workers (`gateway serve --workers 2`) on one database, each with its leases."""
+    folder = tmp_path_factory.mktemp("workers")
+    with GatewayProcess(folder, server_extra="workers = 2") as process:
+        yield process
+
+
+FIXTURES = {"holds": "gateway", "leases": "leased_gateway", "workers": "workers_gateway"}
+
+
+@pytest.fixture(params=list(FIXTURES))
 def metered(request):
-    """The same rules with every request's own hold and with leased slices."""
-    return request.getfixturevalue("gateway" if request.param == "holds" else "leased_gateway")
+    """The same rules with every request's own hold, with leased slices, and with two
+    worker processes serving the requests."""
+    return request.getfixturevalue(FIXTURES[request.param])
 
 
 @pytest.mark.parametrize(
