@@ -4,8 +4,11 @@ chose, and a /token that checks the client's credentials (basic or post, as disc
 says) and the PKCE verifier before it answers an ID token signed with a test key.
 
 Knobs, set by the test before the sign-in: `email`, `email_verified`, `tamper` (one of
-TAMPERINGS: what is wrong with the next ID tokens), `deny` (the person declines), and
-`rotate()` (a new signing key, which the JWKS then serves instead).
+TAMPERINGS: what is wrong with the next ID tokens), `deny` (the person declines),
+`consent_page` (/authorize answers a page whose link goes back, as a real provider's
+sign-in does: the way back is then a navigation the provider's site starts, not a
+redirect of the navigation the gateway's page started) and `rotate()` (a new signing
+key, which the JWKS then serves instead).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import html
 import json
 import secrets
 import threading
@@ -66,6 +70,7 @@ class FakeIdentityProvider:
     email_verified: bool = True
     tamper: str | None = None
     deny: bool = False
+    consent_page: bool = False
     authorize_requests: list[dict[str, str]] = field(default_factory=list)
     token_requests: list[dict[str, str]] = field(default_factory=list)
     issued: list[str] = field(default_factory=list)  # codes and tokens, never to be logged
@@ -198,7 +203,16 @@ default_role = "{role}"
                 self.email_verified,
             )
             answer["code"] = code
-        raise web.HTTPFound(redirect_uri + "?" + urlencode(answer))
+        back = redirect_uri + "?" + urlencode(answer)
+        if self.consent_page:
+            page = (
+                '<!doctype html><html><head><link rel="icon" href="data:,">'
+                "<title>Fake identity provider</title></head><body>"
+                f'<a href="{html.escape(back)}">Continue as {html.escape(self.email)}</a>'
+                "</body></html>"
+            )
+            return web.Response(text=page, content_type="text/html")
+        raise web.HTTPFound(back)
 
     async def _token(self, request: web.Request) -> web.Response:
         form = dict(await request.post())
