@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
 import orjson
 
-from model_gateway.gateway import cli_console
+from model_gateway.gateway import cli_audit, cli_console
 from model_gateway.gateway.access import keys
 from model_gateway.gateway.admin import (
     key_admin,
@@ -24,6 +24,7 @@ from model_gateway.gateway.admin.admin_context import (
     InvalidChange,
     NotPermitted,
     admin_context,
+    cli_actor,
 )
 from model_gateway.gateway.admin.admin_views import key_view, project_view, sandbox_view
 from model_gateway.gateway.cli_args import (
@@ -33,8 +34,8 @@ from model_gateway.gateway.cli_args import (
     TextView,
     confirmed_view,
     csv,
-    parse_amount_arg,
     non_negative_int,
+    parse_amount_arg,
     parse_time,
     positive_int,
     refusal_message,
@@ -82,7 +83,7 @@ class _Parser(argparse.ArgumentParser):
 async def _with_admin(config: Config, action: Callable[[AdminContext], Awaitable[_T]]) -> _T:
     storage = await open_storage(config.storage_url)
     try:
-        return await action(admin_context(storage, config, current_month))
+        return await action(admin_context(storage, config, current_month, cli_actor()))
     finally:
         await storage.close()
 
@@ -248,12 +249,12 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("serve", parents=[common], help="run the API")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.set_defaults(run=serve)
     p.add_argument(
         "--workers",
         type=non_negative_int,
         help="serving processes sharing the port ([server] workers; 0: one per core)",
     )
+    p.set_defaults(run=serve)
 
     projects = commands.add_parser("projects", help="manage projects").add_subparsers(
         dest="action", required=True
@@ -328,6 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_parser(commands, common)  # reads a config it may find broken: runs on its own
     backup.add_parsers(commands, common)
     cli_console.add_parsers(commands, common)  # users, payments, projects list, keys list
+    cli_audit.add_parser(commands, common)
     return parser
 
 

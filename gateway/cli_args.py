@@ -76,14 +76,15 @@ def confirmed_view(view: Mapping[str, object], change: ConfirmedChange[object]) 
     return with_instances(view, confirmation)
 
 
-def text_table(headers: list[str], rows: list[list[str]]) -> str:
+def text_table(headers: list[str], rows: list[list[str]], *, numbers: bool = True) -> str:
     """Columns as wide as their widest cell: the first (a label) left-aligned, the others
-    (numbers) right-aligned; each cell escaped onto one line."""
+    right-aligned when they are numbers, else left-aligned too; each cell escaped onto
+    one line."""
     cells = [[escape(cell) for cell in row] for row in [headers, *rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(
-            cell.rjust(width) if i else cell.ljust(width)
+            cell.rjust(width) if i and numbers else cell.ljust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in cells

@@ -1,8 +1,11 @@
-"""What every admin change runs with: the storage and the few settings changes depend on,
-the errors a change refuses with, and the confirmation of changes the instances cache."""
+"""What every admin change runs with: the storage, the few settings changes depend on and
+who makes it (the actor its audit entry names), the errors a change refuses with, and the
+confirmation of changes the instances cache."""
 
 from __future__ import annotations
 
+import getpass
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,23 @@ class NotPermitted(Exception):
     """A change this deployment does not allow (development credit in production)."""
 
 
+# Who acts where no one is signed in: a sign-in that failed (decisions.md, wave 3).
+ANONYMOUS = "anonymous"
+
+
+def cli_actor() -> str:
+    """The CLI's actor: "cli:<the OS user running it>" (its uid when it has no name)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no LOGNAME/USER and no passwd entry (a bare container)
+        return f"cli:uid {os.getuid()}"
+
+
+def user_actor(email: str) -> str:
+    """A console user's actor: "user:<email>"."""
+    return f"user:{email}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class AdminContext:
     storage: Storage
@@ -49,6 +69,10 @@ class AdminContext:
     key_pepper_file: Path  # [secrets] key_pepper_file, resolved: keys' HMAC pepper
     lease_s: float  # [cluster] lease_s: a confirmation waits at most 1.5 leases
     month: Callable[[], str]  # the current UTC month, "YYYY-MM" (gateway.metering)
+    # Who makes the changes, named in their audit entries: cli_actor() for the CLI; the
+    # console's context, shared by its handlers, has ANONYMOUS, and each of its requests
+    # names its signed-in user instead (audit_trail.acting).
+    actor: str
 
     def pepper(self) -> bytes:
         """The keys' pepper, created on first use (0600)."""
@@ -86,7 +110,7 @@ class DeploymentConfig(Protocol):
 
 
 def admin_context(
-    storage: Storage, config: DeploymentConfig, month: Callable[[], str]
+    storage: Storage, config: DeploymentConfig, month: Callable[[], str], actor: str
 ) -> AdminContext:
     """The context of a deployment's admin changes (the CLI's command, the console)."""
     return AdminContext(
@@ -95,6 +119,7 @@ def admin_context(
         key_pepper_file=config.path(config.secrets.key_pepper_file),
         lease_s=config.cluster.lease_s,
         month=month,
+        actor=actor,
     )
 
 

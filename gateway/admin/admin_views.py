@@ -11,6 +11,7 @@ from model_gateway.gateway.admin.admin_context import AdminContext
 from model_gateway.gateway.cluster.admin_confirm import Confirmation
 from model_gateway.gateway.metering.money import format_amount
 from model_gateway.storage.base import (
+    AuditEntry,
     KeyRecord,
     PaymentRecord,
     ProjectRecord,
@@ -79,6 +80,17 @@ class UserView(TypedDict):
     disabled: bool
     created_at: str | None
     projects: NotRequired[list[str]]
+
+
+class AuditView(TypedDict):
+    id: str
+    object: str
+    at: str | None
+    actor: str
+    action: str
+    target: dict[str, str]
+    changes: dict[str, object]
+    request_id: str | None
 
 
 class PaymentView(TypedDict):
@@ -164,6 +176,19 @@ def payment_view(payment: PaymentRecord) -> PaymentView:
         "reference": payment.reference,
         "recorded_by": payment.recorded_by,
         "created_at": iso(payment.created_at),
+    }
+
+
+def audit_view(entry: AuditEntry) -> AuditView:
+    return {
+        "id": entry.id,
+        "object": "audit_entry",
+        "at": iso(entry.at),
+        "actor": entry.actor,
+        "action": entry.action,
+        "target": entry.target,
+        "changes": entry.changes,
+        "request_id": entry.request_id,
     }
 
 

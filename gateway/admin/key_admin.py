@@ -1,4 +1,5 @@
-"""API keys: create (the secret is returned once), update, revoke."""
+"""API keys: create (the secret is returned once, never recorded), update, revoke; each with
+its audit entry (key.create, key.update, key.revoke), whose target is the key's id."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from model_gateway.gateway.admin.admin_context import (
     check_tpm,
     confirmed,
 )
+from model_gateway.gateway.admin.audit_trail import audit_entry, given, target
 from model_gateway.gateway.admin.money_admin import active_project
 from model_gateway.storage import RecordNotFound
 from model_gateway.storage.base import KeyRecord, new_id, now_s
@@ -68,10 +70,18 @@ async def create_key(
         tpm=tpm,
         created_at=now_s(),
     )
-    created = await admin.storage.create_key(record)
-    if name is not None:
-        await admin.storage.update_key(created.prefix, {"name": name})
-    return CreatedKey(secret, created)
+    fields = given(
+        project=project_id,
+        scopes=scopes,
+        models=models,
+        monthly_limit=monthly_limit,
+        expires_at=expires_at,
+        rpm=rpm,
+        tpm=tpm,
+        name=name,
+    )
+    audit = audit_entry(admin, "key.create", target("key", record.id), fields)
+    return CreatedKey(secret, await admin.storage.create_key(record, name, audit))
 
 
 async def update_key(
@@ -79,18 +89,30 @@ async def update_key(
 ) -> ConfirmedChange[KeyRecord]:
     """Change a usable key (RecordNotFound, StateConflict when revoked)."""
     check_tpm(changes.get("tpm"))
-    return await confirmed(admin, await admin.storage.update_key(prefix, dict(changes)))
+    stored = await _stored(admin, prefix)
+    audit = audit_entry(admin, "key.update", target("key", stored.id), changes) if changes else None
+    return await confirmed(admin, await admin.storage.update_key(prefix, dict(changes), audit))
 
 
 async def revoke_key(admin: AdminContext, prefix_or_key: str) -> ConfirmedChange[KeyRecord]:
     """Revoke a usable key, effective on the next request everywhere (RecordNotFound,
     StateConflict when revoked). The whole key (pasted from a leak report) revokes only
     the key stored under its prefix, so that a made-up key never revokes someone else's."""
-    prefix = prefix_or_key
     if keys.is_well_formed(prefix_or_key):
         pepper = admin.pepper()
-        stored = await admin.storage.get_key(keys.public_prefix(prefix_or_key))
-        if stored is None or not keys.matches(pepper, prefix_or_key, stored.key_hash):
+        found = await admin.storage.get_key(keys.public_prefix(prefix_or_key))
+        if found is None or not keys.matches(pepper, prefix_or_key, found.key_hash):
             raise RecordNotFound("no such key")
-        prefix = stored.prefix
-    return await confirmed(admin, await admin.storage.revoke_key(prefix))
+        stored = found
+    else:
+        stored = await _stored(admin, prefix_or_key)
+    audit = audit_entry(admin, "key.revoke", target("key", stored.id), {"state": "revoked"})
+    return await confirmed(admin, await admin.storage.revoke_key(stored.prefix, audit))
+
+
+async def _stored(admin: AdminContext, prefix: str) -> KeyRecord:
+    """The key with this prefix (RecordNotFound): its id names it in the audit entry."""
+    stored = await admin.storage.get_key(prefix)
+    if stored is None:
+        raise RecordNotFound(f"no key {prefix}")
+    return stored

@@ -1,9 +1,11 @@
 """Money an operator adds to a project: development credit, recorded payments, and onchain
-purchases once verified. Amounts are int micro-units."""
+purchases once verified; each with its audit entry (credit.add, payment.record,
+purchase.credit), whose target is the project credited. Amounts are int micro-units."""
 
 from __future__ import annotations
 
 from model_gateway.gateway.admin.admin_context import AdminContext, InvalidChange, NotPermitted
+from model_gateway.gateway.admin.audit_trail import audit_entry, target
 from model_gateway.storage import RecordNotFound, StateConflict
 from model_gateway.storage.base import PaymentRecord, ProjectRecord, PurchaseRecord, new_id, now_s
 
@@ -29,7 +31,8 @@ async def add_credit(admin: AdminContext, project_id: str, amount: int) -> Proje
     StateConflict, AmountOverflow). The project credited."""
     check_credit_permitted(admin)
     project = await active_project(admin, project_id)
-    await admin.storage.add_credit(project_id, amount, admin.month())
+    audit = audit_entry(admin, "credit.add", target("project", project_id), {"amount": amount})
+    await admin.storage.add_credit(project_id, amount, admin.month(), audit)
     return project
 
 
@@ -48,10 +51,29 @@ async def record_payment(
         recorded_by=recorded_by,
         created_at=now_s(),
     )
-    return await admin.storage.record_payment(payment)
+    audit = audit_entry(
+        admin,
+        "payment.record",
+        target("project", project_id),
+        {"payment": payment.id, "amount": amount, "reference": reference},
+    )
+    return await admin.storage.record_payment(payment, audit)
 
 
 async def credit_purchase(admin: AdminContext, purchase: PurchaseRecord) -> PurchaseRecord:
     """Credit a verified onchain transfer, once per transaction (StateConflict,
     AmountOverflow)."""
-    return await admin.storage.record_purchase(purchase)
+    p = purchase
+    audit = audit_entry(
+        admin,
+        "purchase.credit",
+        target("project", p.project_id),
+        # Token units may pass 64 bits: a decimal string, as the console shows them.
+        {
+            "tx_hash": p.tx_hash,
+            "sender": p.sender,
+            "token_units": str(p.token_units),
+            "amount": p.amount,
+        },
+    )
+    return await admin.storage.record_purchase(purchase, audit)

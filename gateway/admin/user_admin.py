@@ -1,8 +1,10 @@
-"""Console users: create (the password hashed, never kept), grant a project, disable."""
+"""Console users: create (the password hashed, never kept nor recorded), grant a project,
+disable; each with its audit entry (user.create, user.grant, user.disable)."""
 
 from __future__ import annotations
 
 from model_gateway.gateway.admin.admin_context import AdminContext, InvalidChange
+from model_gateway.gateway.admin.audit_trail import audit_entry, target
 from model_gateway.gateway.admin.passwords import hash_password
 from model_gateway.storage import RecordNotFound
 from model_gateway.storage.base import UserRecord, new_id, now_s
@@ -22,18 +24,32 @@ async def create_user(
     )
     if "@" not in user.email:
         raise InvalidChange(f"not an email address: {email!r}")
-    return await admin.storage.create_user(user, role)
+    # The role given; None is decided (owner or member) in the insert's transaction.
+    audit = audit_entry(
+        admin, "user.create", target("user", user.id), {"email": user.email, "role": role}
+    )
+    return await admin.storage.create_user(user, role, audit)
 
 
 async def grant_project(admin: AdminContext, email: str, project_id: str) -> UserRecord:
-    """Let the user see the project; granting twice is a no-op (RecordNotFound)."""
-    await admin.storage.grant_project(email, project_id)
-    user = await admin.storage.get_user(email)
-    if user is None:  # disappeared meanwhile
-        raise RecordNotFound(f"no user {email}")
+    """Let the user see the project; granting twice changes nothing, and is recorded
+    (RecordNotFound)."""
+    user = await _user(admin, email)
+    audit = audit_entry(admin, "user.grant", target("user", user.id), {"project": project_id})
+    await admin.storage.grant_project(email, project_id, audit)
     return user
 
 
 async def disable_user(admin: AdminContext, email: str) -> UserRecord:
     """Disable the user and end their sessions (RecordNotFound)."""
-    return await admin.storage.disable_user(email)
+    user = await _user(admin, email)
+    audit = audit_entry(admin, "user.disable", target("user", user.id), {"disabled": True})
+    return await admin.storage.disable_user(email, audit)
+
+
+async def _user(admin: AdminContext, email: str) -> UserRecord:
+    """The user (RecordNotFound): their id names them in the audit entry."""
+    user = await admin.storage.get_user(email)
+    if user is None:
+        raise RecordNotFound(f"no user {email}")
+    return user

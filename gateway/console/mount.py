@@ -12,14 +12,22 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_gateway.gateway.admin.admin_context import InvalidChange, admin_context
+from model_gateway.gateway.admin.admin_context import (
+    ANONYMOUS,
+    InvalidChange,
+    admin_context,
+    user_actor,
+)
+from model_gateway.gateway.admin.audit_trail import acting
 from model_gateway.gateway.console import (
     api_agents,
+    api_audit,
     api_money,
     api_projects,
     api_purchases,
     api_session,
     pages,
+    pages_audit,
     sso,
 )
 from model_gateway.gateway.console.call import Call, handler_of
@@ -87,7 +95,8 @@ class Console:
         self.gateway = gateway
         self.config = gateway.config
         self.storage = gateway.storage
-        self.admin = admin_context(self.storage, self.config, current_month)  # its changes
+        # Its changes; each request's are recorded as its signed-in user's (_dispatch).
+        self.admin = admin_context(self.storage, self.config, current_month, ANONYMOUS)
         self.public_url = self.config.server.public_url
         self.sessions = Sessions(
             self.storage,
@@ -103,6 +112,8 @@ class Console:
             + api_agents.routes(self)
             + pages.routes(self)
             + sso.routes(self)  # none without [console.oidc]
+            + api_audit.routes(self)
+            + pages_audit.routes(self)
         )
         # Observed like /v1: an access line and the request metrics for every console
         # request. The playground is not in this chain: the /v1 chain observes it.
@@ -151,9 +162,11 @@ class Console:
                 check_origin(scope, self.public_url)
             else:
                 user = await self.authenticate(scope)
-            response = await _answer(
-                endpoint, Call(Request(scope, receive), user, params, ctx.request_id)
-            )
+            # Changes are the user's (audit_trail), under this request's id.
+            with acting(ANONYMOUS if user is None else user_actor(user.email), ctx.request_id):
+                response = await _answer(
+                    endpoint, Call(Request(scope, receive), user, params, ctx.request_id)
+                )
         except Unauthenticated as error:
             if is_api:
                 await send_error(send, error, ctx.request_id)

@@ -2,6 +2,8 @@
 
 Cookie: `HttpOnly; SameSite=Strict; Path=/console`, plus `Secure` in production. A new id
 at every sign-in (no fixation); sign-out deletes the row, so the cookie is dead at once.
+Every session starts with its `session.sign_in` audit entry, in the same write (whatever
+signed the user in: a password, single sign-on); the entry never holds the session id.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from http.cookies import SimpleCookie
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
+from model_gateway.gateway.admin.admin_context import user_actor
+from model_gateway.gateway.admin.audit_trail import entry, target
 from model_gateway.storage import ConsolePort
 from model_gateway.storage.base import UserRecord, now_s
 
@@ -41,9 +45,11 @@ class Sessions:
         self.secure = secure
 
     async def start(self, user: UserRecord) -> str:
-        """A new session for the user; returns the Set-Cookie value."""
+        """A new session for the user, recorded as their sign-in; returns the Set-Cookie
+        value."""
         token = secrets.token_urlsafe(32)
-        await self.storage.create_session(_id_hash(token), user.id, now_s())
+        audit = entry(user_actor(user.email), "session.sign_in", target("user", user.id))
+        await self.storage.create_session(_id_hash(token), user.id, now_s(), audit)
         return self._cookie(token, max_age=None)
 
     async def user(self, scope: Scope) -> UserRecord | None:

@@ -6,7 +6,8 @@ process that shares the database. Within a process, sign-ins of one email or one
 take turns (`turn`): the count is checked, the password verified and a failure recorded
 before the next one starts, so that concurrent guesses cannot all pass the check while the
 password hash runs. Across several instances, a burst can still reach each one's check at
-once: at most `limit + instances - 1` failures then.
+once: at most `limit + instances - 1` failures then. A failure is written with its
+`session.sign_in_failed` audit entry (the email tried, never the password).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from model_gateway.gateway.admin.admin_context import ANONYMOUS
+from model_gateway.gateway.admin.audit_trail import entry
 from model_gateway.gateway.config import ConsoleConfig
 from model_gateway.pipeline.errors import RateLimitExceeded
 from model_gateway.storage import ConsolePort
@@ -70,7 +73,9 @@ class LoginThrottle:
             raise RateLimitExceeded("Too many failed sign-ins. Try again later.", retry_after=wait)
 
     async def failed(self, email: str, address: str) -> None:
-        await self.storage.record_login_failure(list(subjects(email, address)), now_s())
+        about = {"type": "user", "email": email.strip()}
+        audit = entry(ANONYMOUS, "session.sign_in_failed", about)
+        await self.storage.record_login_failure(list(subjects(email, address)), now_s(), audit)
 
     async def succeeded(self, email: str) -> None:
         await self.storage.clear_login_failures(subjects(email, "")[0])
