@@ -36,7 +36,7 @@ def test_a_keys_tpm_is_created_and_listed_beside_its_rpm(owner, project):
     (listed,) = owner.get(path).json()["data"]
     assert (listed["rpm"], listed["tpm"]) == (50, 4_000)
     page = owner.get(f"/console/projects/{project['id']}/keys").text
-    assert "Tokens/min" in page and "4000" in page
+    assert "<th>TPM</th>" in page and "4000" in page
 
 
 def test_bad_tpm_values_are_400_naming_tpm(owner, project):
