@@ -38,7 +38,7 @@ class AttemptTrace(Protocol):
         ...
 
 
-class RequestTrace(Protocol):
+class TracedRequest(Protocol):
     """The span of one request, as the attempt chain sees it."""
 
     def attempt(
@@ -57,5 +57,5 @@ class RequestTrace(Protocol):
         ...
 
 
-current_trace: ContextVar[RequestTrace | None] = ContextVar("gateway_trace", default=None)
+current_trace: ContextVar[TracedRequest | None] = ContextVar("gateway_trace", default=None)
 current_attempt: ContextVar[AttemptTrace | None] = ContextVar("gateway_attempt", default=None)

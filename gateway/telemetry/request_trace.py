@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class RequestTrace:
-    """The `hooks.RequestTrace` of a traced request."""
+    """A traced request (`hooks.TracedRequest`)."""
 
     __slots__ = ("attempts", "context", "served", "span", "stream_error", "streaming", "tracer")
 
