@@ -33,12 +33,11 @@ class AttemptSpan:
         """succeeded; failed (the spec's error type, and the routing's reason for it); or
         abandoned: the client left, or the gateway failed, with no verdict on the provider."""
         if abandoned:
-            outcome = "abandoned"
+            self.span.set_attribute("gateway.outcome", "abandoned")
         elif error is None:
-            outcome = "succeeded"
+            self.span.set_attribute("gateway.outcome", "succeeded")
         else:
-            outcome = "failed"
-            self.span.set_attribute("gateway.failure_reason", reason_of(error))
+            outcome = {"gateway.outcome": "failed", "gateway.failure_reason": reason_of(error)}
+            self.span.set_attributes(outcome)
             mark_error(self.span, error.type)
-        self.span.set_attribute("gateway.outcome", outcome)
         self.span.end()

@@ -62,7 +62,6 @@ class RequestSpans:
                 "http.request.method": method,
                 "url.path": scope["path"],
                 "url.scheme": scope.get("scheme", "http"),
-                "network.protocol.version": scope.get("http_version", "1.1"),
             },
         )
         trace = RequestTrace(self.tracer, span)

@@ -95,9 +95,10 @@ class RequestTrace:
         """End the request's span with what its context says: HTTP, GenAI, ids."""
         self.stream_ended(None, abandoned=True)  # (already ended, unless a bug left it)
         span = self.span
-        span.set_attribute("http.response.status_code", status)
-        if ctx is not None:
-            span.set_attributes(_request_attributes(ctx, self.served))
+        if ctx is None:
+            span.set_attribute("http.response.status_code", status)
+        else:
+            span.set_attributes(_request_attributes(ctx, status, self.served))
             if ctx.endpoint is not None:
                 span.update_name(f"{ctx.endpoint.method} {ctx.endpoint.path}")
         error_type = error_type or self.stream_error
@@ -106,8 +107,11 @@ class RequestTrace:
         span.end()
 
 
-def _request_attributes(ctx: RequestContext, served: AttemptSpan | None) -> Attributes:
-    attributes: Attributes = {"gateway.request_id": ctx.request_id}
+def _request_attributes(ctx: RequestContext, status: int, served: AttemptSpan | None) -> Attributes:
+    attributes: Attributes = {
+        "http.response.status_code": status,
+        "gateway.request_id": ctx.request_id,
+    }
     if ctx.endpoint is not None:
         attributes["http.route"] = ctx.endpoint.path
         operation = OPERATIONS.get(ctx.endpoint.path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import Tracer
 
-from model_gateway.gateway.telemetry.conventions import mark_error, usage_attributes
+from model_gateway.gateway.telemetry.conventions import mark_error
 from model_gateway.gateway.telemetry.hooks import current_trace
 from model_gateway.gateway.telemetry.request_trace import RequestTrace
 from model_gateway.pipeline.context import Settlement
@@ -40,9 +40,7 @@ class TracedMeter:
             attributes={
                 "gateway.receipt_id": settlement.receipt_id,
                 "gateway.outcome": settlement.status,
-                "gateway.cost": settlement.cost,  # micro-units
-                "gateway.held": reservation.amount,
-                **usage_attributes(settlement.usage),
+                "gateway.cost": settlement.cost,  # micro-units (its usage is the request's)
             },
         )
         try:
