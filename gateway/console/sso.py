@@ -19,6 +19,8 @@ from urllib.parse import urlencode
 
 from starlette.responses import RedirectResponse, Response
 
+from model_gateway.gateway.admin.admin_context import user_actor
+from model_gateway.gateway.admin.audit_trail import acting
 from model_gateway.gateway.admin.user_admin import create_user
 from model_gateway.gateway.console.api_session import open_session
 from model_gateway.gateway.console.call import Call, route
@@ -75,7 +77,10 @@ def routes(console: Console) -> list[Endpoint]:
                 raise InvalidRequest("The identity provider sent no code.", param="code")
             id_token = await client.exchange(code, sign_in.redirect_uri, sign_in.verifier)
             claims = await client.verify(id_token, sign_in.nonce)
-            user = await _user_of(console, settings, _allowed_email(settings, claims))
+            email = _allowed_email(settings, claims)
+            # A user made by their own first sign-in is recorded as made by them.
+            with acting(user_actor(email), call.request_id):
+                user = await _user_of(console, settings, email)
         except GatewayError as error:
             refused = login_page(error=error, sso=True)
             refused.headers.append("set-cookie", pending.cleared())

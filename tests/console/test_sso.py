@@ -114,8 +114,16 @@ def test_first_sign_in_creates_a_member_with_a_working_session(sso_gateway, idp)
         user = me(client)
         assert (user["email"], user["role"]) == ("new.person@Example.com", "member")
         assert client.get("/console/projects").status_code == 200
-    role, disabled, _ = users(sso_gateway)["new.person@Example.com"]
+    role, disabled, user_id = users(sso_gateway)["new.person@Example.com"]
     assert (role, disabled) == ("member", 0)
+    # Recorded as made by the person's own sign-in, then their session.
+    recorded = sso_gateway.cli("audit", "list", "--limit", "5")["data"]
+    mine = [e for e in recorded if e["target"].get("id") == user_id]
+    assert [(e["action"], e["actor"]) for e in mine] == [
+        ("session.sign_in", "user:new.person@Example.com"),
+        ("user.create", "user:new.person@Example.com"),
+    ]
+    assert mine[1]["changes"] == {"email": "new.person@Example.com", "role": "member"}
     assert session_count(sso_gateway) == sessions + 1
     # The PKCE verifier and the client's secret reached the token endpoint (the fake
     # checks both); the secret went as HTTP basic, as its discovery asks.
