@@ -70,6 +70,7 @@ class Side:
     key: str
     cpu: Callable[[], dict[str, float]]  # CPU seconds so far, per part
     rounds: list[Round] = field(default_factory=list)
+    database_url: str | None = None  # a PostgreSQL side's database
 
     def medians(self) -> tuple[float, float, dict[str, float], float]:
         """req/s, CPU ms per request, the same per part, other CPU %."""
@@ -92,9 +93,12 @@ async def _execute(admin_url: str, sql: str) -> None:
 
 
 @contextmanager
-def database(admin_url: str) -> Iterator[str]:
+def database(admin_url: str, settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A new database, dropped on the way out; `settings` apply to its sessions."""
     name = f"gateway_bench_{secrets.token_hex(4)}"
     asyncio.run(_execute(admin_url, f'CREATE DATABASE "{name}"'))
+    for setting, value in (settings or {}).items():
+        asyncio.run(_execute(admin_url, f'ALTER DATABASE "{name}" SET {setting} = {value}'))
     try:
         yield urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}"))
     finally:
@@ -139,22 +143,32 @@ def instance(gateway: Path, folder: Path, upstream: str, database_url: str, shar
     return server, config
 
 
-def postgresql(stack: ExitStack, args, folder: Path, upstream: str, count: int) -> Side:
-    """`count` instances on a database of their own; two stand behind HAProxy."""
+def postgresql(
+    stack: ExitStack,
+    args,
+    folder: Path,
+    upstream: str,
+    count: int,
+    gateway: Path | None = None,
+    label: str = "",
+) -> Side:
+    """`count` instances on a database of their own; two stand behind HAProxy. `gateway`:
+    another checkout's command instead of args.gateway; `label` ends the side's name."""
+    gateway = gateway or args.gateway
     folder.mkdir()
-    database_url = stack.enter_context(database(args.postgres))
+    database_url = stack.enter_context(database(args.postgres, getattr(args, "settings", None)))
     shared = folder / "secrets"
     shared.mkdir()
     gateways = []
     for n in range(1, count + 1):  # one after the other: the first runs the migrations
-        server, config = instance(args.gateway, folder / f"gw{n}", upstream, database_url, shared)
+        server, config = instance(gateway, folder / f"gw{n}", upstream, database_url, shared)
         stack.callback(server.stop)
         gateways.append(server)
     project = cli_field(
-        args.gateway, config, "id", "projects", "create", "bench", "--balance", "1000000"
+        gateway, config, "id", "projects", "create", "bench", "--balance", "1000000"
     )
     key = cli_field(
-        args.gateway, config, "key", "keys", "create", "--project", project, "--scopes", "inference"
+        gateway, config, "key", "keys", "create", "--project", project, "--scopes", "inference"
     )
 
     def cpu() -> dict[str, float]:
@@ -164,7 +178,9 @@ def postgresql(stack: ExitStack, args, folder: Path, upstream: str, count: int) 
         }
 
     if count == 1:
-        return Side("1 instance, PostgreSQL", gateways[0].url, key, cpu)
+        return Side(
+            "1 instance, PostgreSQL" + label, gateways[0].url, key, cpu, database_url=database_url
+        )
     proxy = haproxy(stack, args, folder, gateways)
     return Side(
         f"{count} instances, PostgreSQL, HAProxy",

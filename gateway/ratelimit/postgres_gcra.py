@@ -1,10 +1,13 @@
 """Requests and tokens per minute in PostgreSQL, exact across every instance sharing the
 database.
 
-One round trip per request: `rate_limit_move` (migration 0018) locks the request's buckets
-in name order, reads the database's clock, and takes from all of them or from none; one
-more for a request's unused tokens, given back the same way. A pruner, off the request
-path, deletes the buckets that are full again.
+A request's take is one item of its instance's next batch (storage/postgres/cluster.py,
+migration 0020): the batch locks its buckets once, in name order, reads the database's
+clock, and takes from all of a request's buckets or from none, each request decided as
+alone (`rate_limit_move`, migration 0018); a request's unused tokens are given back the
+same way. One round trip serves the requests of a loop turn, and a hot project's bucket
+is written once per batch. A pruner, off the request path, deletes the buckets that are
+full again.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The admin epoch, the instance registry (ClusterPort) and the shared rate-limit buckets
 (RateLimitPort: migration 0018) on PostgreSQL.
 
+Rate limits: the moves (takes and give-backs) that concurrent requests ask for in one loop
+turn go as one statement (migration 0020, storage/batching.py), each item decided as it
+would be alone after the items before it; a batch that fails runs its items alone.
+
 Admin epoch: every process LISTENs on the `gateway_admin` channel on a connection of its
 own. Triggers on `projects` and `api_keys` NOTIFY it at the commit of any change, by any
 writer; the notification bumps an in-process counter, so `admin_epoch()` never touches
@@ -26,8 +30,16 @@ from collections.abc import Callable, Hashable
 
 import asyncpg  # type: ignore[import-untyped]  # ships no type information
 
+from model_gateway.storage.batching import Outcome
 from model_gateway.storage.ports import RateLimitPort
-from model_gateway.storage.postgres.connection import Connection, PostgresBase, Row, _failure
+from model_gateway.storage.postgres.connection import (
+    Connection,
+    PostgresBase,
+    RateMove,
+    Row,
+    _failure,
+)
+from model_gateway.storage.postgres.ledger import _batch_or_each
 from model_gateway.storage.postgres.rows import _fields
 from model_gateway.storage.records import InstanceRecord
 
@@ -172,22 +184,41 @@ class PostgresCluster(PostgresBase, RateLimitPort):
         )
         return int(status.rsplit(" ", 1)[1])
 
-    # --- rate limits, shared by every instance (migration 0018) ------------------------
+    # --- rate limits, shared by every instance (migrations 0018, 0020) ----------------
 
     async def _move_rate_limits(
         self, buckets: list[tuple[str, int, int]], forced: bool, at_us: int | None
     ) -> tuple[int, int]:
-        names = [name for name, _, _ in buckets]
-        per_minute = [limit for _, limit, _ in buckets]
-        units = [count for _, _, count in buckets]
+        """The concurrent requests' moves go as one statement per batch (migration 0020),
+        each decided as alone."""
+        return await self._rate_moves.submit(RateMove(buckets, forced, at_us))
+
+    async def _rate_move_batch(self, batch: list[RateMove]) -> list[Outcome[tuple[int, int]]]:
+        async def together() -> list[Outcome[tuple[int, int]]]:
+            row = await self._run(
+                lambda c: c.fetchrow(
+                    "SELECT waits, refused FROM rate_limit_move_many($1, $2, $3, $4, $5, $6)",
+                    [len(move.buckets) for move in batch],
+                    [name for move in batch for name, _, _ in move.buckets],
+                    [limit for move in batch for _, limit, _ in move.buckets],
+                    [units for move in batch for _, _, units in move.buckets],
+                    [move.forced for move in batch],
+                    [move.at_us for move in batch],
+                )
+            )
+            return list(zip(row["waits"], row["refused"], strict=True))
+
+        return await _batch_or_each(together, self._rate_move_one, batch)
+
+    async def _rate_move_one(self, move: RateMove) -> tuple[int, int]:
         row = await self._run(
             lambda c: c.fetchrow(
                 "SELECT wait, refused FROM rate_limit_move($1, $2, $3, $4, $5::BIGINT)",
-                names,
-                per_minute,
-                units,
-                forced,
-                at_us,
+                [name for name, _, _ in move.buckets],
+                [limit for _, limit, _ in move.buckets],
+                [units for _, _, units in move.buckets],
+                move.forced,
+                move.at_us,
             )
         )
         return int(row["wait"]), int(row["refused"])

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]  # ships no type information
 
@@ -64,6 +64,16 @@ _DRIVER_ERRORS: tuple[type[Exception], ...] = (
 
 
 _MAX_BATCH = 64  # holds (or receipts) in one statement
+
+
+class RateMove(NamedTuple):
+    """One request's move of its rate-limit buckets (migration 0018's rules): take (or,
+    `forced`, give back) units of (name, per minute, units) buckets at `at_us` (None: the
+    database's clock)."""
+
+    buckets: list[tuple[str, int, int]]
+    forced: bool
+    at_us: int | None
 
 
 class _HoldGone(StateConflict):
@@ -146,6 +156,10 @@ class PostgresBase(Storage):
         )
         self._receipts: Batcher[ReceiptRecord, bool] = Batcher(
             self._settle_batch, _MAX_BATCH, LOCKSTEP_BATCH
+        )
+        # Their rate-limit moves (takes and give-backs), a batch per statement too.
+        self._rate_moves: Batcher[RateMove, tuple[int, int]] = Batcher(
+            self._rate_move_batch, _MAX_BATCH, LOCKSTEP_BATCH
         )
 
     @classmethod
@@ -277,6 +291,7 @@ class PostgresBase(Storage):
     async def close(self) -> None:
         await self._holds.close()
         await self._receipts.close()
+        await self._rate_moves.close()
         self._closed = True
         handles = _HANDLES.get(self._database)
         if handles is not None:
@@ -340,3 +355,7 @@ class PostgresBase(Storage):
     @abc.abstractmethod
     async def _settle_batch(self, batch: list[ReceiptRecord]) -> list[Outcome[bool]]:
         """Settle a batch of receipts (ledger.py)."""
+
+    @abc.abstractmethod
+    async def _rate_move_batch(self, batch: list[RateMove]) -> list[Outcome[tuple[int, int]]]:
+        """Move a batch's rate-limit buckets (cluster.py)."""
