@@ -67,20 +67,32 @@ def routes(console: Console) -> list[Endpoint]:
         location = endpoint + ("&" if "?" in endpoint else "?") + query
         return RedirectResponse(location, status_code=303, headers={"set-cookie": cookie})
 
-    async def callback(call: Call) -> Response:
+    async def verified_claims(call: Call) -> dict[str, Any]:
+        sign_in = pending.take(call.request.scope, call.query("state") or "")
+        if call.query("error") is not None:  # the person or the issuer declined
+            raise Forbidden("The identity provider did not sign you in.")
+        code = call.query("code")
+        if not code:
+            raise InvalidRequest("The identity provider sent no code.", param="code")
+        id_token = await client.exchange(code, sign_in.redirect_uri, sign_in.verifier)
+        return await client.verify(id_token, sign_in.nonce)
+
+    async def user_of(call: Call, claims: dict[str, Any]) -> UserRecord:
         try:
-            sign_in = pending.take(call.request.scope, call.query("state") or "")
-            if call.query("error") is not None:  # the person or the issuer declined
-                raise Forbidden("The identity provider did not sign you in.")
-            code = call.query("code")
-            if not code:
-                raise InvalidRequest("The identity provider sent no code.", param="code")
-            id_token = await client.exchange(code, sign_in.redirect_uri, sign_in.verifier)
-            claims = await client.verify(id_token, sign_in.nonce)
             email = _allowed_email(settings, claims)
             # A user made by their own first sign-in is recorded as made by them.
             with acting(user_actor(email), call.request_id):
-                user = await _user_of(console, settings, email)
+                return await _user_of(console, settings, email)
+        except GatewayError:
+            # A verified token refused here is a failed sign-in of its email, audited as
+            # the password's are (and counted by the same throttle).
+            address = call.request.client.host if call.request.client else "unknown"
+            await console.throttle.failed(str(claims.get("email")), address)
+            raise
+
+    async def callback(call: Call) -> Response:
+        try:
+            user = await user_of(call, await verified_claims(call))
         except GatewayError as error:
             refused = login_page(error=error, sso=True)
             refused.headers.append("set-cookie", pending.cleared())

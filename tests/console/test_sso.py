@@ -178,6 +178,9 @@ def test_a_disabled_user_is_refused(sso_gateway, idp):
         assert_refused(sso_sign_in(client, idp), 403, "This account is disabled.")
         assert client.get("/console/api/me").status_code == 401
     assert session_count(sso_gateway) == sessions
+    [failed] = sso_gateway.cli("audit", "list", "--limit", "1")["data"]
+    assert (failed["action"], failed["actor"]) == ("session.sign_in_failed", "anonymous")
+    assert failed["target"] == {"type": "user", "email": "dora@example.com"}
 
 
 REFUSALS = {
