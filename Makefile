@@ -63,11 +63,14 @@ dist: $(STAMP) $(PKG_PATH)/model_gateway
 		--copy-metadata genai-prices \
 		--distpath $(DIST) --workpath $(DIST)/.build --specpath $(DIST)/.build $(CURDIR)/gateway/__main__.py
 
+# `make bench PEERS=1` adds LiteLLM and Portkey to bench/realistic.py (installed under bench/.peers)
+PEERS ?=
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --quick --out bench/results/latest.md
 	cd bench && ../$(BIN)/python paired.py --name-a "metrics on" --name-b "metrics off" \
 		--extra-b '[metrics]\nenabled = false' --rounds 3 | tee -a results/latest.md
 	cd bench && ../$(BIN)/python scaleout.py --rounds 3 | tee -a results/latest.md
+	$(BIN)/python bench/realistic.py --quick $(if $(PEERS),--peers) | tee -a bench/results/latest.md
 
 # Issue 14's soak: 10 minutes of metered chat and chat stream, RSS and req/s per minute,
 # bytes per request at the end (`make soak MINUTES=2` for a short trial; `make soak
