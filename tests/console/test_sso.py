@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 
+from model_gateway.gateway.console.sso_state import PendingSignIns
 from tests.console.support import create_user
 from tests.support.fake_oidc import TAMPERINGS, FakeIdentityProvider
 from tests.support.gateway_process import GatewayProcess
@@ -343,3 +344,21 @@ def test_client_secret_post_and_es256(tmp_path):
                 assert sso_sign_in(client, idp).status_code == 200
                 assert me(client)["email"] == "someone@anywhere.test"
         assert idp.token_requests[-1]["client_secret"] == idp.client_secret
+
+
+def test_an_unreachable_provider_answers_503_on_the_sign_in_page(tmp_path):
+    with FakeIdentityProvider() as gone:
+        config = gone.config()
+    with GatewayProcess(tmp_path, extra_config=config, env=SECRET_ENV) as gateway:
+        page = httpx.get(gateway.url + "/console/sso/start")
+    assert_refused(page, 503, "cannot be reached")
+    assert "console_sso=" not in page.headers.get("set-cookie", "")
+
+
+def test_the_pending_cookie_is_secure_in_production():
+    pending = PendingSignIns(b"p" * 32, secure=True)
+    _, cookie = pending.begin("https://gw.example.com/console/sso/callback")
+    assert cookie.endswith("; Secure; Max-Age=600")
+    assert pending.cleared() == (
+        "console_sso=; HttpOnly; SameSite=Lax; Path=/console/sso/callback; Secure; Max-Age=0"
+    )
