@@ -109,7 +109,7 @@ class FakeCollector:
                     self.send_header("content-length", "0")
                     self.end_headers()
                     return
-                decode_spans(body)  # a body that does not decode fails the export (500)
+                decode_spans(body)  # one that does not decode: the connection closes, unkept
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with collector._lock:
                     collector.exports.append(Export(self.path, headers, body))
