@@ -58,7 +58,7 @@ KEY_COLUMNS = [
     "Last used (UTC)",
     "",
 ]
-_PER_MINUTE = 'min=1 data-int placeholder="{} per minute; empty: the project\'s"'
+_PER_MINUTE = 'min=1 data-int placeholder="{}/min; empty: the project\'s"'
 
 
 def _limits_form(api: str, p: ConsoleProjectView, onchain: bool) -> str:
@@ -292,7 +292,7 @@ def routes(console: Console) -> list[Endpoint]:
                     + field(
                         "Models",
                         "models",
-                        extra='data-list placeholder="comma-separated; empty: every model"',
+                        extra='data-list placeholder="a, b; empty: every model"',
                     )
                     + field(
                         "Expires at",
@@ -329,7 +329,7 @@ def routes(console: Console) -> list[Endpoint]:
             + _key_facts(k)
             + (_revoke_button(k["prefix"], "danger") if k["state"] == "usable" else "")
             + "<h2>Recent receipts</h2>"
-            + receipts_table(recent, {listing.key.id: k["prefix"]}, empty="No receipt yet.")
+            + receipts_table(recent, None, empty="No receipt yet.")
             + f'<p class="more"><a href="{esc(all_receipts)}">All receipts of this key</a></p>'
         )
         return project_page(f"Key {k['prefix']}", project, "keys", body, user=call.user)

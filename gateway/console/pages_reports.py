@@ -52,8 +52,11 @@ def _issued_minute(created_at_us: int) -> str:
 RECEIPT_COLUMNS = ["Time (UTC)", "Receipt", "Endpoint", "Model", "Key", "Status", "Usage", "Cost"]
 
 
-def receipts_table(found: list[ReceiptRecord], keys: dict[str | None, str], *, empty: str) -> str:
-    """Receipts newest first, each linking to its public proof; `keys` names their keys."""
+def receipts_table(
+    found: list[ReceiptRecord], keys: dict[str | None, str] | None, *, empty: str
+) -> str:
+    """Receipts newest first, each linking to its public proof; `keys` names their keys
+    (None: one key's own list, without the column)."""
     rows: list[list[str]] = []
     for record in found:
         usage = record.usage
@@ -65,20 +68,21 @@ def receipts_table(found: list[ReceiptRecord], keys: dict[str | None, str], *, e
             if record.kind == "inference"
             else f"{usage.get('duration_ms', 0)} ms"
         )
-        key = keys.get(record.key_id)
-        rows.append(
-            [
-                esc(_issued_minute(record.created_at)),
-                f'<a href="/proofs/{esc(record.id)}"><code>{esc(record.id)}</code></a>',
-                f"<code>{esc(record.endpoint)}</code>",
-                esc(record.model_or_runtime),
-                key_link(key) if key else "none (console)",
-                esc(record.status),
-                esc(amount),
-                f'<span class="num">{esc(usd(record.cost))}</span>',
-            ]
-        )
-    return table(RECEIPT_COLUMNS, rows, empty=empty)
+        row = [
+            f'<span class="nowrap">{esc(_issued_minute(record.created_at))}</span>',
+            f'<a href="/proofs/{esc(record.id)}"><code>{esc(record.id)}</code></a>',
+            f"<code>{esc(record.endpoint)}</code>",
+            esc(record.model_or_runtime),
+            esc(record.status),
+            f'<span class="nowrap">{esc(amount)}</span>',
+            f'<span class="num">{esc(usd(record.cost))}</span>',
+        ]
+        if keys is not None:
+            key = keys.get(record.key_id)
+            row.insert(4, key_link(key) if key else "none (console)")
+        rows.append(row)
+    columns = RECEIPT_COLUMNS if keys is not None else [c for c in RECEIPT_COLUMNS if c != "Key"]
+    return table(columns, rows, empty=empty)
 
 
 def _filter_form(

@@ -73,8 +73,8 @@ def test_an_agent_run_streams_to_its_end(browser, gateway, tmp_path, width, heig
     expect(page.locator("#run-output")).to_have_text("42\n")
     expect(page.locator("#run-cancel")).to_have_count(0)
     spent = page.locator("#run-spent").text_content()
-    assert re.fullmatch(r"0\.0\d{5}", spent) and float(spent) > 0, spent
-    expect(page.locator("#run-budget")).to_have_text("0.500000")
+    assert re.fullmatch(r"\$0\.0\d{1,5}", spent) and spent.strip("$0.") != "", spent
+    expect(page.locator("#run-budget")).to_have_text("$0.50")
     bar = int(page.locator("#run-bar").get_attribute("width"))
     assert 0 < bar < 1000
     w.shot("run-completed")

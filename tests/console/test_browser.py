@@ -144,7 +144,7 @@ def test_operator_journey(browser, gateway, tmp_path):
     page.get_by_label("Amount (USD)").fill("5")
     page.get_by_label("Reference (invoice, transfer)").fill("INV-BROWSER-1")
     page.get_by_role("button", name="Record payment").click()
-    expect(page.locator(".facts").first).to_contain_text("5.000000")
+    expect(page.locator(".facts").first).to_contain_text("$5.00")
     # Limits: the form sends only what it shows; empty fields clear their limit.
     page.get_by_label("Requests per minute (empty: default)").fill("30")
     page.get_by_label("Monthly budget (USD, empty: none)").fill("")
