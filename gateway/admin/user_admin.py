@@ -3,6 +3,8 @@ disable; each with its audit entry (user.create, user.grant, user.disable)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from model_gateway.gateway.admin.admin_context import AdminContext, InvalidChange
 from model_gateway.gateway.admin.audit_trail import audit_entry, target
 from model_gateway.gateway.admin.passwords import hash_password
@@ -16,7 +18,8 @@ async def create_user(
     """A console user; `role` None: owner when it is the first user, else member
     (StateConflict: the email exists)."""
     try:
-        password_hash = hash_password(password)
+        # Off the event loop: single sign-on creates users in the serving process.
+        password_hash = await asyncio.to_thread(hash_password, password)
     except ValueError as exc:
         raise InvalidChange(str(exc)) from None
     user = UserRecord(
