@@ -11,7 +11,7 @@ from datetime import date, timedelta
 
 from model_gateway.gateway.console.html import esc, usd
 
-WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 720, 220, 30, 30, 22
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 720, 230, 30, 30, 34  # TOP: room for the axis top's label
 SMALL_WIDTH, SMALL_HEIGHT = 480, 180  # the overview's trend: two charts side by side
 METER_WIDTH = 1000  # a meter's SVG user units
 
