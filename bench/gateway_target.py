@@ -176,11 +176,11 @@ def start_gateway(
     return server, key
 
 
-def start_mock(folder: Path) -> Server:
-    """The mock upstream (bench/mock_upstream.py), started; the caller stops it."""
+def start_mock(folder: Path, *args: str) -> Server:
+    """The mock upstream (bench/mock_upstream.py, given `args`), started; the caller stops it."""
     port = free_port()
     mock = Server(
-        [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port)],
+        [sys.executable, str(BENCH_DIR / "mock_upstream.py"), "--port", str(port), *args],
         port,
         folder / "mock.log",
         env=UPSTREAM_ENV,
@@ -191,12 +191,12 @@ def start_mock(folder: Path) -> Server:
 
 @contextlib.contextmanager
 def metered_gateway(
-    gateway: Path, folder: Path, extra: str = ""
+    gateway: Path, folder: Path, extra: str = "", mock_args: tuple[str, ...] = ()
 ) -> Iterator[tuple[Server, str, Path]]:
-    """A mock upstream and a metered gateway in front of it on a fresh SQLite database in
-    `folder` (unless `extra`, config lines, names another storage): the gateway, its key and
-    its database file; both stopped on the way out."""
-    servers = [start_mock(folder)]
+    """A mock upstream (`mock_args`) and a metered gateway in front of it on a fresh SQLite
+    database in `folder` (unless `extra`, config lines, names another storage): the gateway,
+    its key and its database file; both stopped on the way out."""
+    servers = [start_mock(folder, *mock_args)]
     try:
         server, key = start_gateway(gateway, folder / "gw", servers[0].url + "/v1", True, extra)
         servers.append(server)

@@ -24,6 +24,7 @@ from load import BENCH_DIR, run_wrk
 from paired import SCENARIOS
 
 RATE = 200  # samples per second
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # pip install py-spy: beside python
 
 
 def main() -> None:
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--gateway", type=Path, default=Path(sys.executable).with_name("gateway"))
     parser.add_argument("--extra", default="")
+    parser.add_argument("--delay-ms", default="0", help="the mock waits this long to answer")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -43,13 +45,17 @@ def main() -> None:
         body = folder / "body.json"
         body.write_bytes(kind.data)
         with (
-            metered_gateway(args.gateway, folder, args.extra) as (server, key, _),
+            metered_gateway(args.gateway, folder, args.extra, ("--delay-ms", args.delay_ms)) as (
+                server,
+                key,
+                _,
+            ),
             (folder / "wrk.raw").open("w") as raw,
         ):
             url = server.url + kind.path
             run_wrk(url, args.connections, 2, "post.lua", [key, str(body)], raw)  # warm-up
             spy = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(server.pid), "--rate", str(RATE), "--format",
+                [PY_SPY, "record", "--pid", str(server.pid), "--rate", str(RATE), "--format",
                  "raw", "--nonblocking", "--duration", str(args.seconds - 1), "-o", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip

@@ -169,6 +169,83 @@ def wide_batches() -> None:
     Batcher._batch_size = lambda self: self._max_batch
 
 
+def count_writes(counts: dict | None = None) -> None:
+    """Takes nothing out: counts group commit's batches and their statements (by their
+    first words) and prints the counts to the gateway's log every 2 s and at exit, to read
+    how many writes and commits a request costs at a given load."""
+    import atexit
+    import collections
+    import sys
+    import threading
+
+    from model_gateway.storage.group_commit import GroupCommitWriter
+
+    counts = collections.Counter() if counts is None else counts
+    run = GroupCommitWriter._run_when_unlocked
+
+    async def counted(self: GroupCommitWriter, batch: list) -> list:
+        counts["batches"] = counts.get("batches", 0) + 1
+        for sql, _ in batch:
+            words = " ".join(sql.split()[:3])
+            counts[words] = counts.get(words, 0) + 1
+        return await run(self, batch)
+
+    def report() -> None:
+        print("WRITES", dict(counts), file=sys.stderr, flush=True)
+
+    def every_2s() -> None:
+        report()
+        timer = threading.Timer(2.0, every_2s)
+        timer.daemon = True
+        timer.start()
+
+    GroupCommitWriter._run_when_unlocked = counted
+    atexit.register(report)
+    every_2s()
+
+
+def gc_stats() -> None:
+    """Takes nothing out: times every garbage collection (gc.callbacks, the collecting
+    thread's CPU time, which other processes on the machine do not inflate) and prints,
+    per generation, how many ran, their CPU ms and the objects they found unreachable,
+    with `count-writes`' counts, every 2 s to the gateway's log."""
+    import gc
+    import time
+
+    stats: dict[str, float] = {}
+    started = [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+            return
+        generation = info["generation"]
+        stats[f"gen{generation} runs"] = stats.get(f"gen{generation} runs", 0) + 1
+        key = f"gen{generation} ms"
+        stats[key] = stats.get(key, 0.0) + (time.thread_time() - started[0]) * 1000
+        stats["collected"] = stats.get("collected", 0) + info["collected"]
+
+    gc.callbacks.append(timed)
+    count_writes(stats)
+
+
+def gc_thresholds() -> None:
+    """The collector's thresholds from GC_THRESHOLDS (e.g. "50000,10,10") in place of the
+    gateway's, set once it has started (with `gc-stats`' report)."""
+    import gc
+
+    from model_gateway.gateway.ops import server
+
+    tune = server.tune_garbage_collector
+
+    def retuned() -> None:
+        tune()
+        gc.set_threshold(*(int(n) for n in os.environ["GC_THRESHOLDS"].split(",")))
+
+    server.tune_garbage_collector = retuned
+    gc_stats()
+
+
 ABLATIONS = {
     "no-settle-sql": no_settle_sql,
     "no-log": no_log,
@@ -178,6 +255,9 @@ ABLATIONS = {
     "commit-after-response": commit_after_response,
     "watched-lease": watched_lease,
     "wide-batches": wide_batches,
+    "count-writes": count_writes,
+    "gc-stats": gc_stats,
+    "gc-thresholds": gc_thresholds,
 }
 
 if (_name := os.environ.get("GATEWAY_ABLATION")) is not None:
