@@ -229,10 +229,16 @@ def sandbox_node(args: argparse.Namespace, config: Config) -> int:
 
 
 def serve(args: argparse.Namespace, config: Config) -> int:
-    from model_gateway.gateway.ops.server import serve as run_server  # uvicorn: only to serve
+    # uvicorn and the workers' parent: imported only to serve
+    from model_gateway.gateway.ops.server import serve as run_server
+    from model_gateway.gateway.ops.workers import serve_workers, worker_count
 
+    count = worker_count(config.server.workers if args.workers is None else args.workers)
     try:
-        return run_server(config, args.host, args.port, args.workers)
+        if count > 1:
+            host = args.host or config.server.host
+            return serve_workers(config, host, args.port or config.server.port, count)
+        return run_server(config, args.host, args.port)
     except ConfigError as exc:  # e.g. a spawned node's port is taken
         # Logging is configured by now: the last line too follows log_format.
         logging.getLogger("gateway").error("%s", exc)

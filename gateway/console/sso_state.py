@@ -32,7 +32,7 @@ COOKIE_PATH = "/console/sso/callback"
 TTL_S = 600
 
 
-class Pending(msgspec.Struct, frozen=True):
+class PendingSignIn(msgspec.Struct, frozen=True):
     state: str
     nonce: str
     verifier: str  # PKCE code_verifier
@@ -57,9 +57,9 @@ class PendingSignIns:
         self._secure = secure
         self._taken: dict[str, float] = {}  # state -> its expiry
 
-    def begin(self, redirect_uri: str) -> tuple[Pending, str]:
+    def begin(self, redirect_uri: str) -> tuple[PendingSignIn, str]:
         """A new sign-in and the Set-Cookie value that carries it."""
-        pending = Pending(
+        pending = PendingSignIn(
             state=secrets.token_urlsafe(32),
             nonce=secrets.token_urlsafe(32),
             verifier=secrets.token_urlsafe(48),  # 64 characters (RFC 7636: 43 to 128)
@@ -70,7 +70,7 @@ class PendingSignIns:
         value = base64.urlsafe_b64encode(sealed).rstrip(b"=").decode()
         return pending, self._cookie(value, TTL_S)
 
-    def take(self, scope: Scope, state: str) -> Pending:
+    def take(self, scope: Scope, state: str) -> PendingSignIn:
         """The sign-in this callback finishes, once: 400 for a missing, forged, expired or
         used cookie or a `state` other than its own (compared in constant time)."""
         pending = self._opened(scope)
@@ -89,7 +89,7 @@ class PendingSignIns:
     def cleared(self) -> str:
         return self._cookie("", 0)
 
-    def _opened(self, scope: Scope) -> Pending | None:
+    def _opened(self, scope: Scope) -> PendingSignIn | None:
         cookie = SimpleCookie()
         try:
             cookie.load(Headers(scope=scope).get("cookie", ""))
@@ -97,7 +97,7 @@ class PendingSignIns:
             if morsel is None:
                 return None
             sealed = base64.urlsafe_b64decode(morsel.value + "=" * (-len(morsel.value) % 4))
-            return msgspec.json.decode(self._box.decrypt(sealed), type=Pending)
+            return msgspec.json.decode(self._box.decrypt(sealed), type=PendingSignIn)
         except (CookieError, ValueError, nacl.exceptions.CryptoError, msgspec.DecodeError):
             return None  # a malformed, forged or foreign cookie: no sign-in in progress
 

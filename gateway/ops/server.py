@@ -243,26 +243,23 @@ def uvicorn_options(
     }
 
 
+def prepare_to_serve(config: Config) -> None:
+    """What a serving process does first: one worker, or the parent of several."""
+    restrict_file_modes()  # before anything opens the database or writes a secret (0600)
+    configure_logging(config.server.log_format)
+
+
 def serve(
-    config: Config,
-    host: str | None = None,
-    port: int | None = None,
-    workers: int | None = None,
-    **overrides: Any,
+    config: Config, host: str | None = None, port: int | None = None, **overrides: Any
 ) -> int:
-    """Serve until stopped; the exit code. One worker (the default): this process serves;
-    more: gateway/ops/workers.py's parent and its workers."""
+    """Serve in this process until stopped; the exit code (several workers:
+    gateway/ops/workers.py)."""
     import uvicorn
 
     from model_gateway.gateway.app import create_app
-    from model_gateway.gateway.ops.workers import serve_workers, worker_count
 
-    restrict_file_modes()  # before anything opens the database or writes a secret (0600)
-    configure_logging(config.server.log_format)
+    prepare_to_serve(config)
     options = {**uvicorn_options(config, host, port), **overrides}
-    count = worker_count(config.server.workers if workers is None else workers)
-    if count > 1:
-        return serve_workers(config, options["host"], options["port"], count)
     log = logging.getLogger("gateway")
     log.info("listening on %s", listen_url(options["host"], options["port"]))
     log.info("console: %s", console_url(config, options["host"], options["port"]))

@@ -42,6 +42,7 @@ from model_gateway.gateway.config import Config, ConfigError, SandboxNodeConfig
 from model_gateway.gateway.ops.children import WORKER_ARG, child_command, die_with_parent
 from model_gateway.gateway.ops.metrics_text import Gauge, Registry
 from model_gateway.gateway.ops.secretfile import load_or_create_secret
+from model_gateway.gateway.ops.server import prepare_to_serve
 from model_gateway.gateway.ops.summary import console_url, listen_url, startup_summary
 from model_gateway.gateway.ops.worker import READY, config_builtins
 from model_gateway.gateway.ops.worker_seat import METRICS_SUFFIX, WorkerSeat, serve_samples
@@ -299,6 +300,7 @@ def _log(child: LogProcess) -> Registry:
 
 def serve_workers(config: Config, host: str, port: int, count: int) -> int:
     """Run the parent until it is stopped; its exit code."""
+    prepare_to_serve(config)
     listener = listen(host, port)
     try:
         return asyncio.run(Parent(config, listener, count).run())
