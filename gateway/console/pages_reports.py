@@ -105,9 +105,11 @@ def _filter_form(
         f'<form class="filters card" method="get" action="{esc(path)}" data-clean-query>'
         + field("Model", "model", value=wanted.model or "", extra='list="model-list"')
         + f'<datalist id="model-list">{model_list}</datalist>'
-        + f'<label>Key<select name="key">{options(keys, wanted.key_prefix)}</select></label>'
-        + f'<label>Status<select name="status">{options(statuses, wanted.status)}</select>'
-        "</label>"
+        # aria-label: a label's text would name the select with its chosen option too.
+        + '<label>Key<select name="key" aria-label="Key">'
+        + f"{options(keys, wanted.key_prefix)}</select></label>"
+        + '<label>Status<select name="status" aria-label="Status">'
+        + f"{options(statuses, wanted.status)}</select></label>"
         + field("From", "from", kind="date", value=first)
         + field("To", "to", kind="date", value=last)
         + '<div class="actions"><button type="submit">Filter</button>'

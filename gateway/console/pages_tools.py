@@ -83,7 +83,7 @@ def routes(console: Console) -> list[Endpoint]:
                 '<ol id="conversation" class="conversation" aria-live="polite">'
                 '<li class="empty" id="conversation-empty">No message yet.</li></ol>'
                 f'<form class="card" id="playground" data-project="{esc(project.id)}">'
-                f'<label>Model<select name="model">{options}</select></label>'
+                f'<label>Model<select name="model" aria-label="Model">{options}</select></label>'
                 + field(
                     "Max tokens",
                     "max_tokens",

@@ -9,6 +9,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
+from model_gateway.gateway.console.html import usd_text
 from tests.console.agents_support import (
     SIX_TIMES_SEVEN,
     SLOW,
@@ -240,7 +241,7 @@ def test_pages_are_server_rendered_under_the_strict_csp(owner, funded):
     for step in ended["steps"]:
         assert f'href="/proofs/{step["receipt_id"]}"' in html
     assert 'data-running="false"' in html and 'id="run-cancel"' not in html
-    assert f">{ended['spent']}</span> of" in html and "42\n</pre>" in html
+    assert f">{usd_text(ended['spent'])}</span> of" in html and "42\n</pre>" in html
 
 
 def test_an_archived_project_keeps_its_agents_read_only(owner, funded):
