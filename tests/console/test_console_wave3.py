@@ -261,3 +261,22 @@ def test_pages_show_amounts_with_the_currency(traffic):
         text = client.get(f"/console/projects/{pid}{path}").text
         assert re.search(r'<span class="num">[+&minus;]*\$\d', text), path
         assert " USD<" not in text and not re.search(r'class="num">\d', text), path
+
+
+def test_the_older_link_of_a_filtered_page_keeps_its_filters(gateway, owner):
+    project = owner.post("/console/api/projects", {"name": "many"}).json()
+    gateway.cli("credit", "add", "--project", project["id"], "5")
+    key = gateway.create_key(project["id"])
+    with httpx.Client(base_url=gateway.url, headers=bearer(key)) as client:
+        for n in range(53):
+            model = "org/echo-2" if n == 10 else "echo-1"
+            assert client.post("/v1/chat/completions", json=chat_body(model)).status_code == 200
+    path = f"/console/projects/{project['id']}/receipts"
+    first = owner.get(path, params={"model": "echo-1"}).text
+    assert first.count('href="/proofs/rcpt_') == 50
+    older = re.search(r'<p class="more"><a href="([^"]+)">Older entries</a>', first)
+    assert older is not None
+    link = older.group(1).replace("&amp;", "&")
+    assert link.startswith(path + "?model=echo-1&cursor=")
+    rest = owner.get(link).text
+    assert rest.count('href="/proofs/rcpt_') == 2 and "Older entries" not in rest
