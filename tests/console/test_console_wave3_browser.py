@@ -248,3 +248,21 @@ def test_the_playground_keeps_the_conversation(browser, gateway, width, height):
     assert [m["role"] for m in again.value.post_data_json["messages"]] == ["system", "user"]
     expect(page.locator("#output")).to_have_text("after clearing")
     w.clean("playground")
+
+
+def test_a_refused_turn_is_left_out_of_the_conversation(browser, gateway):  # noqa: F811
+    expect = sync_api.expect
+    w = _open(browser, gateway, 390, 844)
+    page = w.page
+    _sign_in(w, gateway)
+    project_id = gateway.create_project("no money")  # no balance: every call is a 402
+    page.goto(f"{gateway.url}/console/projects/{project_id}/playground")
+    page.get_by_label("Message").fill("will be refused")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#playground .form-error")).to_contain_text("balance")
+    expect(page.locator("#conversation li.msg")).to_have_count(0)
+    expect(page.locator("#conversation-empty")).to_be_visible()
+    expect(page.locator("#receipt")).to_have_text("No receipt: nothing was billed.")
+    assert all("402" in error for error in w.errors)  # the refused call's resource error
+    w.errors.clear()
+    w.clean("refused turn")
