@@ -4,7 +4,9 @@ page, the overview's trend and month against budget, receipts filtered through t
 (back and forward work; without JavaScript too), the multi-turn playground, amounts with
 their currency, and a phone layout where every tab stays in view and chart labels are at
 least 11 px. Every page is checked for console errors, CSP violations, requests to another
-origin and sideways scrolling; screenshots go to tests/console/screenshots/wave3/."""
+origin and sideways scrolling. Screenshots go to each test's folder; the ones kept in
+tests/console/screenshots/wave3/ are made with
+`GATEWAY_SCREENSHOTS=tests/console/screenshots/wave3 pytest <this file>`."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from tests.console.test_browser import Watched, _sign_in, browser, sync_api  # n
 from tests.support.gateway_process import GatewayProcess
 from tests.support.http import bearer, chat_body
 
-SHOTS = Path(__file__).parent / "screenshots" / "wave3"
 SIZES = [(1280, 800), (390, 844)]
 TABS = ("", "/keys", "/usage", "/receipts", "/ledger", "/sandboxes", "/playground", "/agents")
 
@@ -45,10 +46,9 @@ def gateway(tmp_path_factory):
         yield process
 
 
-def _open(browser, gateway, width: int, height: int, **options) -> Watched:  # noqa: F811
-    SHOTS.mkdir(parents=True, exist_ok=True)
+def _open(browser, gateway, shots: Path, width: int, height: int, **options) -> Watched:  # noqa: F811
     context = browser.new_context(viewport={"width": width, "height": height}, **options)
-    return Watched(context.new_page(), gateway.url, SHOTS)
+    return Watched(context.new_page(), gateway.url, shots)
 
 
 def _tabs_and_labels_read_well(w: Watched, where: str) -> None:
@@ -60,9 +60,9 @@ def _tabs_and_labels_read_well(w: Watched, where: str) -> None:
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_keys_with_limits_and_a_keys_page(browser, gateway, width, height):  # noqa: F811
+def test_keys_with_limits_and_a_keys_page(browser, gateway, tmp_path, width, height):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, width, height)
+    w = _open(browser, gateway, tmp_path, width, height)
     page = w.page
     _sign_in(w, gateway)
     project_id = gateway.create_project(f"keys {width}", "--balance", "5")
@@ -109,9 +109,9 @@ def test_keys_with_limits_and_a_keys_page(browser, gateway, width, height):  # n
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_overview_trend_usage_and_tabs(browser, gateway, width, height):  # noqa: F811
+def test_overview_trend_usage_and_tabs(browser, gateway, tmp_path, width, height):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, width, height)
+    w = _open(browser, gateway, tmp_path, width, height)
     page = w.page
     _sign_in(w, gateway)
     project_id = gateway.create_project(f"trend {width}", "--balance", "5", "--budget", "2")
@@ -141,9 +141,9 @@ def test_overview_trend_usage_and_tabs(browser, gateway, width, height):  # noqa
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_receipts_filters_travel_in_the_url(browser, gateway, width, height):  # noqa: F811
+def test_receipts_filters_travel_in_the_url(browser, gateway, tmp_path, width, height):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, width, height)
+    w = _open(browser, gateway, tmp_path, width, height)
     page = w.page
     _sign_in(w, gateway)
     project_id = gateway.create_project(f"receipts {width}", "--balance", "5")
@@ -186,9 +186,9 @@ def test_receipts_filters_travel_in_the_url(browser, gateway, width, height):  #
     w.errors.clear()  # the browser logs the 400 document as a failed resource
 
 
-def test_receipts_filters_and_sign_in_work_without_javascript(browser, gateway):  # noqa: F811
+def test_receipts_filters_and_sign_in_work_without_javascript(browser, gateway, tmp_path):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, 390, 844, java_script_enabled=False)
+    w = _open(browser, gateway, tmp_path, 390, 844, java_script_enabled=False)
     page = w.page
     page.goto(gateway.url + "/console/login")
     assert page.locator("form#login").get_attribute("method") == "post"
@@ -209,9 +209,9 @@ def test_receipts_filters_and_sign_in_work_without_javascript(browser, gateway):
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_the_playground_keeps_the_conversation(browser, gateway, width, height):  # noqa: F811
+def test_the_playground_keeps_the_conversation(browser, gateway, tmp_path, width, height):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, width, height)
+    w = _open(browser, gateway, tmp_path, width, height)
     page = w.page
     _sign_in(w, gateway)
     project_id = gateway.create_project(f"playground {width}", "--balance", "5")
@@ -250,9 +250,9 @@ def test_the_playground_keeps_the_conversation(browser, gateway, width, height):
     w.clean("playground")
 
 
-def test_a_refused_turn_is_left_out_of_the_conversation(browser, gateway):  # noqa: F811
+def test_a_refused_turn_is_left_out_of_the_conversation(browser, gateway, tmp_path):  # noqa: F811
     expect = sync_api.expect
-    w = _open(browser, gateway, 390, 844)
+    w = _open(browser, gateway, tmp_path, 390, 844)
     page = w.page
     _sign_in(w, gateway)
     project_id = gateway.create_project("no money")  # no balance: every call is a 402
