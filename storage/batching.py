@@ -2,9 +2,10 @@
 outcome; the items queued while the event loop runs one turn (and while the batch before
 them runs) go together, so that they share one transaction and one commit.
 
-How many go together depends on how busy the event loop's thread is. Busy (its CPU the
-limit), a batch takes up to `max_batch`: one commit for more requests is worth most. With
-time to spare, a batch takes at most `lockstep_batch`, and its callers go on before the
+How many go together depends on how busy the event loop's thread is, and on how many wait.
+Busy (its CPU the limit), or with a backlog waiting, a batch takes up to `max_batch`: one
+commit for more requests is worth most. With time to spare, a batch takes at most
+`lockstep_batch`, and its callers go on before the
 next batch runs: requests that move in lockstep (32 answers arriving together) then go
 on in groups, instead of each waiting for the whole group's work at every commit. More
 commits cost CPU the loop has to spare. Against a mock answering in 20 ms at 32
@@ -37,6 +38,13 @@ BUSY_WINDOW_S = 0.1  # how often that share is measured
 # mock answering in 20 ms at 32 connections: 8 gave 1.08-1.12x req/s for 1.13-1.26x the CPU
 # a request, 4 gave 1.18x for 1.43x, 16 nothing; against one answering at once, 8 gave 0.84x.
 LOCKSTEP_BATCH = 8
+# More items waiting than this many lockstep batches are a backlog, not a group of requests
+# moving in lockstep: with hundreds of requests in flight behind a slow upstream the loop has
+# time to spare (they wait on the upstream), yet writes come faster than batches of 8, one a
+# loop turn, drain them, and each request waits behind the queue before its provider call.
+# A backlog goes in the largest batches (bench/realistic.py, chat behind a 300 ms upstream
+# at 250 in flight; docs/speed.md, "Realistic traffic").
+BACKLOG_BATCHES = 4
 
 
 class LoopLoad:
@@ -112,9 +120,10 @@ class Batcher(Generic[I, O]):
             self._pending = []
 
     def _batch_size(self) -> int:
-        if self._lockstep_batch is None or self._load.busy():
+        lockstep = self._lockstep_batch
+        if lockstep is None or len(self._pending) > BACKLOG_BATCHES * lockstep:
             return self._max_batch
-        return min(self._lockstep_batch, self._max_batch)
+        return self._max_batch if self._load.busy() else min(lockstep, self._max_batch)
 
     @property
     def idle(self) -> bool:

@@ -69,6 +69,23 @@ async def test_a_busy_loop_commits_them_all_at_once(monkeypatch):
     assert batches == [[0, 1, 2, 3, 4]]
 
 
+async def test_with_time_to_spare_a_backlog_goes_in_one_batch():
+    """The loop idle but more waiting than BACKLOG_BATCHES lockstep batches (hundreds of
+    requests in flight behind a slow upstream): one batch takes them all, not a batch of
+    `lockstep_batch` a loop turn while the queue grows."""
+    batches: list[list[int]] = []
+
+    async def run(batch: list[int]) -> list[object]:
+        batches.append(batch)
+        return list(batch)
+
+    batcher = Batcher(run, max_batch=256, lockstep_batch=2)
+    await asyncio.sleep(BUSY_WINDOW_S * 1.5)  # an idle window
+    backlog = 2 * batching.BACKLOG_BATCHES + 1
+    await asyncio.gather(*(batcher.submit(n) for n in range(backlog)))
+    assert batches == [list(range(backlog))]
+
+
 async def test_a_batch_that_fails_fails_each_of_its_items():
     async def run(batch: list[int]) -> list[object]:
         raise OSError("disk gone")
