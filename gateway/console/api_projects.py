@@ -17,6 +17,7 @@ from model_gateway.gateway.admin.admin_views import (
     with_instances,
 )
 from model_gateway.gateway.admin.admin_views import project_view as admin_project_view
+from model_gateway.gateway.admin.key_admin import KeyChanges
 from model_gateway.gateway.admin.project_admin import ProjectChanges, ProjectLimits
 from model_gateway.gateway.console.call import SESSION, Call, route
 from model_gateway.gateway.console.guard import (
@@ -32,7 +33,7 @@ from model_gateway.gateway.json_response import json_response
 from model_gateway.gateway.sandbox.limits import SANDBOX_LIMITS
 from model_gateway.pipeline.endpoint import Endpoint
 from model_gateway.pipeline.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from model_gateway.storage import PayerAddressTaken, StateConflict
+from model_gateway.storage import PayerAddressTaken, StateConflict, Storage
 from model_gateway.storage.base import KeyListing, ProjectRecord, UserRecord
 
 if TYPE_CHECKING:
@@ -81,6 +82,32 @@ async def visible_key(admin: AdminContext, user: UserRecord, prefix: str) -> Key
         if listing.key.id == key.id:
             return listing
     raise NotFound("No key with this prefix exists.")
+
+
+async def project_of_key(storage: Storage, listing: KeyListing) -> ProjectRecord:
+    project = await storage.get_project(listing.key.project_id)
+    if project is None:
+        raise NotFound("No key with this prefix exists.")
+    return project
+
+
+def _key_changes(fields: Fields) -> KeyChanges:
+    """The key's fields present in a PATCH body (null clears an optional one), as the CLI's
+    `keys update` changes them."""
+    changes: KeyChanges = {}
+    if fields.has("name"):
+        changes["name"] = fields.string("name")
+    if fields.has("models"):
+        changes["models"] = fields.string_list("models")
+    if fields.has("monthly_limit"):
+        changes["monthly_limit"] = fields.amount("monthly_limit")
+    if fields.has("expires_at"):
+        changes["expires_at"] = fields.time("expires_at", future=True)
+    if fields.has("rpm"):
+        changes["rpm"] = fields.positive_int("rpm")
+    if fields.has("tpm"):
+        changes["tpm"] = fields.positive_int("tpm")
+    return changes
 
 
 def _project_options(fields: Fields, options: ProjectLimits) -> None:
@@ -197,6 +224,20 @@ def routes(console: Console) -> list[Endpoint]:
         listing = await visible_key(admin, call.session_user, call.params["prefix"])
         return json_response(await key_listing_view(admin, listing))
 
+    async def patch_key(call: Call) -> Response:
+        listing = await visible_key(admin, call.session_user, call.params["prefix"])
+        fields = Fields(await call.json())
+        changes = _key_changes(fields)
+        fields.unknown()
+        require_active(await project_of_key(storage, listing))
+        try:
+            updated = await key_admin.update_key(admin, listing.key.prefix, changes)
+        except StateConflict:
+            raise Conflict("The key is revoked: it cannot change.") from None
+        listing.key = updated.record
+        view = await key_listing_view(admin, listing)
+        return json_response(with_instances(view, updated.confirmation))
+
     async def revoke_key(call: Call) -> Response:
         key = await storage.get_key(call.params["prefix"])
         if key is None:
@@ -238,6 +279,7 @@ def routes(console: Console) -> list[Endpoint]:
         route("GET", _PROJECT + "/keys", SESSION, list_keys),
         route("POST", _PROJECT + "/keys", SESSION, create_key),
         route("GET", "/console/api/keys/{prefix}", SESSION, show_key),
+        route("PATCH", "/console/api/keys/{prefix}", SESSION, patch_key),
         route("POST", "/console/api/keys/{prefix}/revoke", SESSION, revoke_key),
         route("GET", _PROJECT + "/sandboxes", SESSION, list_sandboxes),
         route("POST", _PROJECT + "/sandboxes", SESSION, create_sandbox),

@@ -158,10 +158,76 @@ def _requests(count: int) -> str:
     return f"{count} request" + ("" if count == 1 else "s")
 
 
+def _key_limit_fields(k: KeyListingView | None) -> str:
+    """The key form's limits: empty for a new key, else the key's own (a PATCH, where an
+    empty field clears its limit)."""
+
+    def shown(value: object) -> str:
+        return "" if value is None else str(value)
+
+    expires = "" if k is None or k["expires_at"] is None else k["expires_at"][:16]
+    return (
+        field(
+            "Monthly limit",
+            "monthly_limit",
+            value="" if k is None or k["monthly_limit"] is None else k["monthly_limit"],
+            extra='inputmode="decimal" placeholder="USD; empty: none"',
+        )
+        + field(
+            "RPM",
+            "rpm",
+            kind="number",
+            value=shown(k and k["rpm"]),
+            extra=_PER_MINUTE.format("requests"),
+        )
+        + field(
+            "TPM",
+            "tpm",
+            kind="number",
+            value=shown(k and k["tpm"]),
+            extra=_PER_MINUTE.format("tokens"),
+        )
+        + field(
+            "Models",
+            "models",
+            value=", ".join((k and k["models"]) or []),
+            extra='data-list placeholder="a, b; empty: every model"',
+        )
+        + field(
+            "Expires at",
+            "expires_at",
+            kind="datetime-local",
+            value=expires,
+            extra='title="UTC; empty: never"',
+        )
+        + "<p class=\"note wide\">Empty fields: no limit of the key's own (the project's"
+        " apply), every model the project allows, no expiry. Times are UTC.</p>"
+    )
+
+
 def _revoke_button(prefix: str, kind: str) -> str:
     return (
         f'<button type="button" class="{kind}" data-post="/console/api/keys/{esc(prefix)}/revoke"'
         f' data-confirm="Revoke {esc(prefix)}? Requests with it fail at once.">Revoke</button>'
+    )
+
+
+def _key_edit(k: KeyListingView, active: bool) -> str:
+    """Its limits to change (the CLI's `keys update`) and revoke, while it can be used."""
+    if not active:
+        return ""
+    return (
+        "<h2>Change its limits</h2>"
+        + api_form(
+            f"/console/api/keys/{k['prefix']}",
+            field("Name", "name", value=k["name"] or "", extra="maxlength=200")
+            + _key_limit_fields(k),
+            "Save",
+            method="PATCH",
+            extra="data-empty-null",
+        )
+        + '<h2>Revoke</h2><p class="note">Requests with it fail from the next one on.</p>'
+        + _revoke_button(k["prefix"], "danger")
     )
 
 
@@ -282,27 +348,7 @@ def routes(console: Console) -> list[Endpoint]:
                     f"/console/api/projects/{project.id}/keys",
                     field("Name", "name")
                     + f"<fieldset><legend>Scopes</legend>{scopes}</fieldset>"
-                    + field(
-                        "Monthly limit",
-                        "monthly_limit",
-                        extra='inputmode="decimal" placeholder="USD; empty: none"',
-                    )
-                    + field("RPM", "rpm", kind="number", extra=_PER_MINUTE.format("requests"))
-                    + field("TPM", "tpm", kind="number", extra=_PER_MINUTE.format("tokens"))
-                    + field(
-                        "Models",
-                        "models",
-                        extra='data-list placeholder="a, b; empty: every model"',
-                    )
-                    + field(
-                        "Expires at",
-                        "expires_at",
-                        kind="datetime-local",
-                        extra='title="UTC; empty: never"',
-                    )
-                    + '<p class="note wide">Empty fields: no limit of the key\'s own (the'
-                    " project's apply), every model the project allows, no expiry. Times are"
-                    " UTC.</p>",
+                    + _key_limit_fields(None),
                     "Create key",
                     extra='data-reveal="key"',
                 )
@@ -327,10 +373,10 @@ def routes(console: Console) -> list[Endpoint]:
             f'<p class="crumbs"><a href="/console/projects/{esc(project.id)}/keys">Keys</a> /</p>'
             f"<h2>Key <code>{esc(k['prefix'])}</code> {esc(k['name'] or '')}</h2>"
             + _key_facts(k)
-            + (_revoke_button(k["prefix"], "danger") if k["state"] == "usable" else "")
             + "<h2>Recent receipts</h2>"
             + receipts_table(recent, None, empty="No receipt yet.")
             + f'<p class="more"><a href="{esc(all_receipts)}">All receipts of this key</a></p>'
+            + (_key_edit(k, project.state == "active") if k["state"] != "revoked" else "")
         )
         return project_page(f"Key {k['prefix']}", project, "keys", body, user=call.user)
 

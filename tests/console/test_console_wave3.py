@@ -280,3 +280,36 @@ def test_the_older_link_of_a_filtered_page_keeps_its_filters(gateway, owner):
     assert link.startswith(path + "?model=echo-1&cursor=")
     rest = owner.get(link).text
     assert rest.count('href="/proofs/rcpt_') == 2 and "Older entries" not in rest
+
+
+def test_a_keys_limits_change_and_clear_as_with_the_cli(gateway, owner, funded, member):
+    made = owner.post(
+        f"/console/api/projects/{funded['id']}/keys",
+        {"scopes": ["inference"], "rpm": 10, "tpm": 900, "name": "to change"},
+    ).json()
+    path = f"/console/api/keys/{made['prefix']}"
+    changed = owner.patch(
+        path, {"rpm": 30, "tpm": None, "models": ["echo-1"], "monthly_limit": "0.5"}
+    )
+    assert changed.status_code == 200, changed.text
+    key = changed.json()
+    assert (key["rpm"], key["tpm"], key["models"], key["monthly_limit"]) == (
+        30,
+        None,
+        ["echo-1"],
+        "0.500000",
+    )
+    assert key["name"] == "to change"
+    assert gateway.cli("keys", "list", "--project", funded["id"])["data"][0]["rpm"] == 30
+    for body, param in (
+        ({"tpm": 0}, "tpm"),
+        ({"rpm": "many"}, "rpm"),
+        ({"expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
+        ({"monthly_limit": "-1"}, "monthly_limit"),
+        ({"scopes": ["agents"]}, "scopes"),
+    ):
+        refused = owner.patch(path, body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
+    assert member.patch(path, {"rpm": 5}).status_code == 404  # not their project
+    assert owner.post(path + "/revoke").status_code == 200
+    assert owner.patch(path, {"rpm": 5}).status_code == 409

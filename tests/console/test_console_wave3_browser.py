@@ -102,6 +102,16 @@ def test_keys_with_limits_and_a_keys_page(browser, gateway, tmp_path, width, hei
     expect(page.locator('td[data-label="Cost"]').first).to_have_text(re.compile(r"^\$0\.\d+$"))
     _tabs_and_labels_read_well(w, "key page")
     w.shot("wave3-key")
+    # Its limits change on its page; an emptied field clears its limit.
+    expect(page.get_by_label("RPM", exact=True)).to_have_value("60")
+    page.get_by_label("RPM", exact=True).fill("90")
+    page.get_by_label("TPM", exact=True).fill("")
+    page.get_by_role("button", name="Save").click()
+    expect(facts).to_contain_text("90")
+    expect(page.locator(".facts div", has_text="TPM")).to_contain_text("the project's")
+    shown = gateway.cli("keys", "list", "--project", project_id)["data"][0]
+    assert (shown["rpm"], shown["tpm"], shown["monthly_limit"]) == (90, None, "1.500000")
+    w.clean("key changed")
     page.get_by_role("link", name="All receipts of this key").click()
     page.wait_for_url(re.compile(r".*/receipts\?key=proj_live_"))
     expect(page.locator('a[href^="/proofs/rcpt_"]')).to_have_count(3)
