@@ -297,7 +297,7 @@ def render(
             )
     lines += ["", "| target | idle RSS MiB | version |", "|---|---:|---|"]
     lines += [f"| {t.name} | {t.idle_mib:.1f} | {t.version} |" for t in targets]
-    lines += ["", *goals(cells, targets)]
+    lines += ["", *pairs(cells, targets, workloads), "", *goals(cells, targets)]
     busy = [
         f"{label} on {name}"
         for (label, name), cell in cells.items()
@@ -311,6 +311,39 @@ def render(
             + ". There it may have been the limit, not the target.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def pairs(
+    cells: dict[tuple[str, str], Cell], targets: list[Target], workloads: list[Workload]
+) -> list[str]:
+    """The metered gateway against each other gateway row, round by round (its neighbour
+    in time): the median and range of the ratios of completed/s and of CPU each."""
+    others = [t.name for t in targets if t.name not in (BARE, "gateway") and not t.version]
+    lines = [
+        "| workload | gateway ÷ | completed/s, round by round | CPU each, round by round |",
+        "|---|---|---:|---:|",
+    ]
+    for workload in workloads:
+        on = cells.get((workload.label, "gateway"))
+        for name in others if on else ():
+            other = cells.get((workload.label, name))
+            if other is None:
+                continue
+            rounds = [
+                (a.rate / b.rate, a.cpu_ms / b.cpu_ms)
+                for a, b in zip(on.samples, other.samples, strict=False)
+                if not (a.problem or b.problem)
+            ]
+            if rounds:
+                lines.append(
+                    f"| {workload.label} | {name} | {_spread([r for r, _ in rounds])} "
+                    f"| {_spread([c for _, c in rounds])} |"
+                )
+    return lines
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def goals(cells: dict[tuple[str, str], Cell], targets: list[Target]) -> list[str]:

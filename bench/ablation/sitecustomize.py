@@ -160,6 +160,33 @@ def _stream_holds_from_leases(*, shown: bool) -> None:
     LeasedMeter.reserve = as_unwatched
 
 
+def leases_always() -> None:
+    """An unwatched hold is taken from a lease even while writes run (the idle rule off):
+    what written holds cost with hundreds of requests in flight, where writes never idle."""
+    from model_gateway.gateway.metering.leased_meter import LeasedMeter
+
+    reserve = LeasedMeter.reserve
+
+    async def from_a_lease(
+        self: LeasedMeter,
+        project_id: str,
+        key_id: str | None,
+        amount: int,
+        *,
+        watched: bool = False,
+    ) -> object:
+        if watched:
+            return await reserve(self, project_id, key_id, amount, watched=True)
+        idle = self.storage.writes_idle
+        self.storage.writes_idle = lambda: True  # type: ignore[method-assign]
+        try:
+            return await reserve(self, project_id, key_id, amount)
+        finally:
+            self.storage.writes_idle = idle  # type: ignore[method-assign]
+
+    LeasedMeter.reserve = from_a_lease
+
+
 def wide_batches() -> None:
     """Group commit takes up to its largest batch whether or not the loop is busy (no
     lockstep batches of 8 while it has time to spare): what the small batches cost with
@@ -171,14 +198,17 @@ def wide_batches() -> None:
 
 def count_writes(counts: dict | None = None) -> None:
     """Takes nothing out: counts group commit's batches and their statements (by their
-    first words) and prints the counts to the gateway's log every 2 s and at exit, to read
+    first words), their CPU and wall time (lock waits included), and the checkpoints' wall
+    time, and prints the counts to the gateway's log every 2 s and at exit, to read
     how many writes and commits a request costs at a given load."""
     import atexit
     import collections
     import sys
     import threading
+    import time
 
     from model_gateway.storage.group_commit import GroupCommitWriter
+    from model_gateway.storage.sqlite.connection import SQLiteBase
 
     counts = collections.Counter() if counts is None else counts
     run = GroupCommitWriter._run_when_unlocked
@@ -186,9 +216,31 @@ def count_writes(counts: dict | None = None) -> None:
     async def counted(self: GroupCommitWriter, batch: list) -> list:
         counts["batches"] = counts.get("batches", 0) + 1
         for sql, _ in batch:
-            words = " ".join(sql.split()[:3])
+            first = sql.split()[:4]
+            words = " ".join(first if first[0] == "UPDATE" else first[:3])
+            words += " (a lease)" if " lease) VALUES" in sql else ""
             counts[words] = counts.get(words, 0) + 1
-        return await run(self, batch)
+        started, wall = time.thread_time(), time.perf_counter()  # on the loop's thread
+        try:
+            return await run(self, batch)
+        finally:
+            add("batch ms", (time.thread_time() - started) * 1e3)
+            add("batch wall ms", (time.perf_counter() - wall) * 1e3)  # lock waits too
+
+    def add(key: str, value: float) -> None:
+        counts[key] = counts.get(key, 0.0) + value
+
+    checkpoint = SQLiteBase.checkpoint
+
+    async def timed_checkpoint(self: SQLiteBase) -> None:
+        wall = time.perf_counter()
+        try:
+            await checkpoint(self)
+        finally:
+            add("checkpoints", 1)
+            took = (time.perf_counter() - wall) * 1e3
+            add("checkpoint wall ms", took)
+            counts["longest checkpoint ms"] = max(counts.get("longest checkpoint ms", 0), took)
 
     def report() -> None:
         print("WRITES", dict(counts), file=sys.stderr, flush=True)
@@ -200,6 +252,7 @@ def count_writes(counts: dict | None = None) -> None:
         timer.start()
 
     GroupCommitWriter._run_when_unlocked = counted
+    SQLiteBase.checkpoint = timed_checkpoint
     atexit.register(report)
     every_2s()
 
@@ -255,6 +308,7 @@ ABLATIONS = {
     "commit-after-response": commit_after_response,
     "watched-lease": watched_lease,
     "wide-batches": wide_batches,
+    "leases-always": leases_always,
     "count-writes": count_writes,
     "gc-stats": gc_stats,
     "gc-thresholds": gc_thresholds,
