@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -78,6 +79,26 @@ def counted(args, side: Side, body: Path, raw) -> list[str]:
     return lines
 
 
+def paired(sides: list[Side]) -> str:
+    """Each round's ratios (round by round: the machine's noise moves both alike) of the
+    PostgreSQL instance to SQLite and, with --before, to the other checkout."""
+    lines = []
+    for label, base in (("SQLite", sides[0]), ("before", sides[2] if len(sides) > 2 else None)):
+        if base is None:
+            continue
+        rps = [a.rps / b.rps for a, b in zip(sides[1].rounds, base.rounds, strict=True)]
+        cpu = [
+            sum(a.cpu_ms.values()) / sum(b.cpu_ms.values())
+            for a, b in zip(sides[1].rounds, base.rounds, strict=True)
+        ]
+        lines.append(
+            f"- PostgreSQL ÷ {label}, round by round: req/s {statistics.median(rps):.2f}x"
+            f" ({', '.join(f'{r:.2f}' for r in rps)}), CPU a request"
+            f" {statistics.median(cpu):.2f}x ({', '.join(f'{c:.2f}' for c in cpu)})"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -124,6 +145,7 @@ def main() -> None:
             for side in sides[1:]:
                 counts += counted(args, side, body, raw)
     print(report(args, sides))
+    print("\n" + paired(sides))
     print("\nPer request, from each PostgreSQL database's statistics (one counted window):\n")
     print("\n".join(counts))
 

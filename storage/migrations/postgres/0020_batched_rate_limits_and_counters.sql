@@ -194,25 +194,157 @@ BEGIN
         END IF;
     END LOOP;
     FOR g IN SELECT u.p, sum(u.c) AS charged, sum(u.f) AS released
-        FROM unnest(projects_of, costs, freed) AS u (p, c, f) GROUP BY u.p ORDER BY u.p
+        FROM unnest(projects_of, costs, freed) AS u (p, c, f)
+        GROUP BY u.p ORDER BY u.p COLLATE "C"
     LOOP
         UPDATE projects SET balance = balance - g.charged, reserved = reserved - g.released
             WHERE id = g.p;
     END LOOP;
     FOR g IN SELECT u.k, sum(u.f) AS released
-        FROM unnest(keys_of, freed) AS u (k, f) WHERE u.k IS NOT NULL GROUP BY u.k ORDER BY u.k
+        FROM unnest(keys_of, freed) AS u (k, f)
+        WHERE u.k IS NOT NULL GROUP BY u.k ORDER BY u.k COLLATE "C"
     LOOP
         UPDATE api_keys SET reserved = reserved - g.released WHERE id = g.k;
     END LOOP;
     -- The month's spends: projects' first, then keys', as a receipt alone writes them.
     FOR g IN SELECT u.s, u.m, sum(u.c) AS charged
         FROM unnest(projects_of || keys_of, months || months, costs || costs) AS u (s, m, c)
-        WHERE u.s IS NOT NULL GROUP BY u.s, u.m ORDER BY u.s LIKE 'key%', u.s, u.m
+        WHERE u.s IS NOT NULL GROUP BY u.s, u.m ORDER BY u.s LIKE 'key%', u.s COLLATE "C", u.m
     LOOP
         INSERT INTO month_spend AS m (subject, month, spent) VALUES (g.s, g.m, g.charged)
             ON CONFLICT (subject, month) DO UPDATE SET spent = m.spent + EXCLUDED.spent;
     END LOOP;
     PERFORM set_config('gateway.settling', 'off', true);
     RETURN answers;
+END
+$$;
+
+-- A batch of holds is admitted whole when it fits whole: the batch locks each project,
+-- then its keys, as the rows' triggers would (the items come sorted by project and key),
+-- and checks every rule of `reservation_admits` with the batch's sum per project and per
+-- key. A sum that fits means that every item, admitted one after the other, fits: the
+-- holds are inserted with `reservation_admits` leaving it to the batch (`gateway.reserving`
+-- on, within the batch's transaction), and each project's and key's `reserved` moves once
+-- by its sum. A batch that does not fit whole (or spans months, or names a project or key
+-- that does not exist) is inserted as in 0015, each row admitted by its trigger: an item
+-- that does not fit aborts the batch and the items then go alone.
+CREATE OR REPLACE FUNCTION reservation_admits() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    p projects%ROWTYPE;
+    k api_keys%ROWTYPE;
+    spent BIGINT;
+BEGIN
+    IF current_setting('gateway.reserving', true) = 'on' THEN
+        RETURN NEW;  -- gateway_reserve_many admitted its batch whole, under these locks
+    END IF;
+    -- NO KEY UPDATE: the strongest lock that still lets other rows' foreign-key checks
+    -- (which take KEY SHARE on the project) proceed; it excludes every other money change.
+    SELECT * INTO p FROM projects WHERE id = NEW.project_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEW;  -- the foreign key refuses the row
+    END IF;
+    IF NEW.key_id IS NOT NULL THEN
+        SELECT * INTO k FROM api_keys WHERE id = NEW.key_id FOR NO KEY UPDATE;
+        -- Each statement of this function reads a fresh snapshot, taken after the locks:
+        -- the spend below includes every settlement committed before we got them.
+        IF FOUND AND k.monthly_limit IS NOT NULL THEN
+            SELECT COALESCE(max(m.spent), 0) INTO spent
+            FROM month_spend m WHERE m.subject = k.id AND m.month = NEW.month;
+            IF spent + k.reserved + NEW.amount > k.monthly_limit THEN
+                RAISE EXCEPTION 'budget_exceeded' USING ERRCODE = 'GWL01';
+            END IF;
+        END IF;
+    END IF;
+    IF p.monthly_budget IS NOT NULL THEN
+        SELECT COALESCE(max(m.spent), 0) INTO spent
+        FROM month_spend m WHERE m.subject = p.id AND m.month = NEW.month;
+        IF spent + p.reserved + NEW.amount > p.monthly_budget THEN
+            RAISE EXCEPTION 'budget_exceeded' USING ERRCODE = 'GWL01';
+        END IF;
+    END IF;
+    IF p.balance - p.reserved < NEW.amount THEN
+        RAISE EXCEPTION 'insufficient_balance' USING ERRCODE = 'GWL01';
+    END IF;
+    UPDATE projects SET reserved = reserved + NEW.amount WHERE id = NEW.project_id;
+    IF NEW.key_id IS NOT NULL THEN
+        UPDATE api_keys SET reserved = reserved + NEW.amount WHERE id = NEW.key_id;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gateway_reserve_many(batch jsonb) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    g record;
+    p projects%ROWTYPE;
+    k api_keys%ROWTYPE;
+    spent BIGINT;
+    month_of TEXT;
+    whole BOOLEAN := true;
+BEGIN
+    SELECT min(x.month), count(DISTINCT x.month) = 1 INTO month_of, whole
+        FROM jsonb_to_recordset(batch) AS x(month text);
+    -- Locks in the triggers' order: a project, then its keys; sums per project and key.
+    FOR g IN
+        SELECT s.pid, s.kid, s.project_sum, s.key_sum,
+            row_number() OVER (PARTITION BY s.pid ORDER BY s.kid COLLATE "C" NULLS FIRST) = 1
+                AS first_of_project
+        FROM (SELECT DISTINCT x.project_id AS pid, x.key_id AS kid,
+                  sum(x.amount) OVER (PARTITION BY x.project_id) AS project_sum,
+                  sum(x.amount) OVER (PARTITION BY x.key_id) AS key_sum
+              FROM jsonb_to_recordset(batch) AS x(project_id text, key_id text, amount bigint)
+             ) AS s
+        ORDER BY s.pid COLLATE "C", s.kid COLLATE "C" NULLS FIRST
+    LOOP
+        EXIT WHEN NOT whole;
+        IF g.first_of_project THEN
+            SELECT * INTO p FROM projects WHERE id = g.pid FOR NO KEY UPDATE;
+            IF NOT FOUND THEN
+                whole := false;
+                EXIT;
+            END IF;
+            IF p.monthly_budget IS NOT NULL THEN
+                SELECT COALESCE(max(m.spent), 0) INTO spent
+                FROM month_spend m WHERE m.subject = p.id AND m.month = month_of;
+                whole := whole AND spent + p.reserved + g.project_sum <= p.monthly_budget;
+            END IF;
+            whole := whole AND p.balance - p.reserved >= g.project_sum;
+        END IF;
+        IF g.kid IS NOT NULL THEN
+            SELECT * INTO k FROM api_keys WHERE id = g.kid FOR NO KEY UPDATE;
+            IF NOT FOUND THEN
+                whole := false;
+            ELSIF k.monthly_limit IS NOT NULL THEN
+                SELECT COALESCE(max(m.spent), 0) INTO spent
+                FROM month_spend m WHERE m.subject = k.id AND m.month = month_of;
+                whole := whole AND spent + k.reserved + g.key_sum <= k.monthly_limit;
+            END IF;
+        END IF;
+    END LOOP;
+    IF whole THEN
+        PERFORM set_config('gateway.reserving', 'on', true);
+    END IF;
+    INSERT INTO reservations (id, project_id, key_id, amount, month, owner, lease_until,
+                              created_at)
+    SELECT id, project_id, key_id, amount, month, owner, lease_until, created_at
+    FROM jsonb_to_recordset(batch) AS x(
+        id text, project_id text, key_id text, amount bigint, month text, owner text,
+        lease_until bigint, created_at bigint);
+    IF NOT whole THEN
+        RETURN;  -- each row admitted by its trigger, as in 0015
+    END IF;
+    PERFORM set_config('gateway.reserving', 'off', true);
+    FOR g IN SELECT x.project_id AS id, sum(x.amount) AS amount
+        FROM jsonb_to_recordset(batch) AS x(project_id text, amount bigint)
+        GROUP BY x.project_id ORDER BY x.project_id COLLATE "C"
+    LOOP
+        UPDATE projects SET reserved = reserved + g.amount WHERE id = g.id;
+    END LOOP;
+    FOR g IN SELECT x.key_id AS id, sum(x.amount) AS amount
+        FROM jsonb_to_recordset(batch) AS x(key_id text, amount bigint)
+        WHERE x.key_id IS NOT NULL GROUP BY x.key_id ORDER BY x.key_id COLLATE "C"
+    LOOP
+        UPDATE api_keys SET reserved = reserved + g.amount WHERE id = g.id;
+    END LOOP;
 END
 $$;
