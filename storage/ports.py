@@ -502,9 +502,10 @@ class AgentsPort(Protocol):
         output_tokens: int,
         duration_ms: int,
         error: dict[str, object] | None,
+        transcript: dict[str, object] | None = None,
     ) -> None:
-        """Write what the step did and close its record; a step still in flight (never
-        settled) is released."""
+        """Write what the step did (its transcript included) and close its record; a step
+        still in flight (never settled) is released."""
         raise NotImplementedError
 
     async def finish_run(

@@ -279,6 +279,9 @@ class StepRecord(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     duration_ms: int = 0
     error: dict[str, object] | None = None
+    # What the step did (gateway/agents/transcript.py); None until it is described, and
+    # for steps recorded before transcripts were kept.
+    transcript: dict[str, object] | None = None
     created_at: int = 0
     closed_at: int | None = None  # set once its usage and error are written
 

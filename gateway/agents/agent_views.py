@@ -73,7 +73,8 @@ def agent_view(agent: AgentRecord) -> dict[str, Any]:
 
 
 def step_view(step: StepRecord) -> dict[str, Any]:
-    """decisions.md's step: kind, model or runtime, tokens, duration, cost, receipt, error."""
+    """decisions.md's step: kind, model or runtime, tokens, duration, cost, receipt, error;
+    and its transcript (agents/transcript.py; null for a step recorded without one)."""
     return {
         "kind": step.kind,
         "model" if step.kind == "model" else "runtime": step.subject,
@@ -83,6 +84,7 @@ def step_view(step: StepRecord) -> dict[str, Any]:
         "cost": format_amount(step.cost),
         "receipt_id": step.receipt_id,
         "error": step.error,
+        "transcript": step.transcript,
     }
 
 

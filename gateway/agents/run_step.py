@@ -9,7 +9,8 @@ pricing (its hold), then
 2. held against the project (`Hold.take`, no key: the project's balance and budget),
 3. handed to the endpoint's handler,
 4. settled through the hold (`settlement_of`, as the settle stage does): the receipt's
-   insertion charges the project and adds the cost to the run's `spent`, atomically.
+   insertion charges the project and adds the cost to the run's `spent`, atomically,
+5. described: its usage, error and transcript (`transcript`: what was sent and answered).
 
 Whatever happens the hold is released unless it was settled, and releasing it closes the
 step in storage too. The handler runs in a task of its own so that a cancel stops the
@@ -28,6 +29,7 @@ import anyio
 import orjson
 from starlette.responses import Response
 
+from model_gateway.gateway.agents.transcript import step_transcript
 from model_gateway.gateway.catalog import ConfigCatalog
 from model_gateway.pipeline.context import Billing, RequestContext
 from model_gateway.pipeline.endpoint import Endpoint
@@ -154,7 +156,7 @@ class StepRunner:
             status = "budget_exceeded" if error.type == "budget_exceeded" else "failed"
             raise RunStops(status, error_object(error, ctx.request_id)) from None
         ctx.hold, ctx.receipt_id = hold, new_receipt_id()
-        return await self._execute(ctx, kind, step, hold, control)
+        return await self._execute(ctx, request, step, hold, control)
 
     async def _admit(self, ctx: RequestContext, kind: str) -> int:
         """Decode, admit and price the request as the pipeline would; its hold."""
@@ -185,8 +187,14 @@ class StepRunner:
             raise RunStops("failed", {"type": "internal_error", "message": str(conflict)}) from None
 
     async def _execute(
-        self, ctx: RequestContext, kind: str, step: StepRecord, hold: Hold, control: StepControl
+        self,
+        ctx: RequestContext,
+        request: dict[str, Any],
+        step: StepRecord,
+        hold: Hold,
+        control: StepControl,
     ) -> dict[str, Any]:
+        kind = step.kind
         started = time.monotonic()
         failure: RunStops | None = None
         answer: dict[str, Any] = {}
@@ -208,8 +216,9 @@ class StepRunner:
             failure = RunStops("failed", error_object(InternalError(), ctx.request_id))
         finally:
             await hold.release()  # a no-op once settled
+            transcript = step_transcript(kind, request, answer)
             with anyio.CancelScope(shield=True):
-                await self._describe(ctx, kind, step, started, failure)
+                await self._describe(ctx, step, started, failure, transcript)
         if failure is not None:
             raise failure
         return answer
@@ -241,13 +250,13 @@ class StepRunner:
     async def _describe(
         self,
         ctx: RequestContext,
-        kind: str,
         step: StepRecord,
         started: float,
         failure: RunStops | None,
+        transcript: dict[str, Any],
     ) -> None:
         usage = ctx.billing.usage if ctx.billing is not None else {}
-        if kind == "sandbox":
+        if step.kind == "sandbox":
             duration_ms = usage.get("duration_ms", 0)
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
@@ -258,4 +267,5 @@ class StepRunner:
             output_tokens=usage.get("output_tokens", 0),
             duration_ms=duration_ms,
             error=None if failure is None else failure.error,
+            transcript=transcript,
         )

@@ -1,5 +1,6 @@
 """One run as HTML: status, `spent` against `budget` as a bar (SVG attributes, no inline
-style), its steps with their receipts' proof links, output or error, and a cancel button.
+style), its steps with their receipts' proof links, each step's transcript
+(transcript_html), output or error, and a cancel button.
 
 The page is complete as served; while the run goes on, static/console.js reads the run's
 events (`data-events`) and redraws the same elements by their ids.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from model_gateway.gateway.console.html import esc, usd_text
+from model_gateway.gateway.console.transcript_html import transcript_list
 from model_gateway.gateway.metering.money import parse_amount
 
 BAR_WIDTH = 1000  # the bar's SVG user units; console.js scales to the same width
@@ -93,6 +95,7 @@ def run_body(agent_id: str, run: dict[str, Any]) -> str:
         '<h3>Steps</h3><p id="run-live" class="note" aria-live="polite"></p>'
         f'<div class="scroll"><table id="run-steps"><thead><tr>{head}</tr></thead>'
         f"<tbody>{rows}</tbody></table></div>"
+        f"<h3>Transcript</h3>{transcript_list(run['steps'])}"
         f'<h3>Output</h3><pre id="run-output" class="output">{esc(run["output"] or "")}</pre>'
         f'<p id="run-error" class="error-text" role="alert">{esc(error_text)}</p>'
         "</section>"

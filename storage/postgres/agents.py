@@ -30,7 +30,8 @@ def _agent_run(row: Row) -> RunRecord:
 
 def _step(row: Row) -> StepRecord:
     fields = _fields(row, StepRecord)
-    fields["error"] = None if row["error"] is None else orjson.loads(row["error"])
+    for name in ("error", "transcript"):
+        fields[name] = None if row[name] is None else orjson.loads(row[name])
     return StepRecord(**fields)
 
 
@@ -145,16 +146,19 @@ class PostgresAgents(PostgresBase):
         output_tokens: int,
         duration_ms: int,
         error: dict[str, object] | None,
+        transcript: dict[str, object] | None = None,
     ) -> None:
         await self._run(
             lambda c: c.execute(
                 "UPDATE agent_steps SET input_tokens = $1, output_tokens = $2, duration_ms = $3,"
-                " error = $4, state = CASE state WHEN 'in_flight' THEN 'released' ELSE state END,"
-                " closed_at = $5 WHERE run_id = $6 AND seq = $7",
+                " error = $4, transcript = $5,"
+                " state = CASE state WHEN 'in_flight' THEN 'released' ELSE state END,"
+                " closed_at = $6 WHERE run_id = $7 AND seq = $8",
                 input_tokens,
                 output_tokens,
                 duration_ms,
                 _json_or_none(error),
+                _json_or_none(transcript),
                 now_s(),
                 run_id,
                 seq,

@@ -31,7 +31,8 @@ def _run(row: sqlite3.Row) -> RunRecord:
 
 def _step(row: sqlite3.Row) -> StepRecord:
     fields = dict(row)
-    fields["error"] = None if row["error"] is None else orjson.loads(row["error"])
+    for name in ("error", "transcript"):
+        fields[name] = None if row[name] is None else orjson.loads(row[name])
     return StepRecord(**fields)
 
 
@@ -124,13 +125,16 @@ class SQLiteAgents(SQLiteBase):
         output_tokens: int,
         duration_ms: int,
         error: dict[str, object] | None,
+        transcript: dict[str, object] | None = None,
     ) -> None:
         await self._write(
             "UPDATE agent_steps SET input_tokens = ?, output_tokens = ?, duration_ms = ?,"
-            " error = ?, state = CASE state WHEN 'in_flight' THEN 'released' ELSE state END,"
+            " error = ?, transcript = ?,"
+            " state = CASE state WHEN 'in_flight' THEN 'released' ELSE state END,"
             " closed_at = ? WHERE run_id = ? AND seq = ?",
-            (input_tokens, output_tokens, duration_ms, _json_or_none(error), now_s(), run_id, seq),
-        )
+            (input_tokens, output_tokens, duration_ms, _json_or_none(error),
+             _json_or_none(transcript), now_s(), run_id, seq),
+        )  # fmt: skip
 
     async def finish_run(
         self, run_id: str, status: str, output: str | None, error: dict[str, object] | None

@@ -40,6 +40,7 @@ STEP_FIELDS = {
     "cost",
     "receipt_id",
     "error",
+    "transcript",
 }
 
 

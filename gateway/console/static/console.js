@@ -353,6 +353,92 @@ function stepRow(table, position, step) {
   table.tBodies[0].append(row);
 }
 
+// A step's transcript, as transcript_html.step_item draws it on the server.
+const ROLES = { system: "Instructions", user: "Input", tool: "Tool result", assistant: "Model" };
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function cutNote(parent, cut) {
+  if (cut) parent.append(element("p", "cut", "Cut at 64 KiB."));
+}
+
+function callPart(box, call) {
+  let parsed = null;
+  try {
+    parsed = JSON.parse(call.arguments);
+  } catch (error) {
+    parsed = null;
+  }
+  const head = element("p", "call", "Calls ");
+  head.append(element("code", "", call.name));
+  const program = parsed && typeof parsed === "object" && typeof parsed.code === "string";
+  if (program) head.append(" (" + (parsed.runtime == null ? "" : String(parsed.runtime)) + ")");
+  box.append(head, element("pre", "code", program ? parsed.code : call.arguments));
+  cutNote(box, call.truncated);
+}
+
+function messagePart(item, role, text, cut) {
+  const box = element("div", "msg " + role);
+  box.append(element("span", "who", ROLES[role] || role));
+  if (text) box.append(element("pre", "text", text));
+  cutNote(box, cut);
+  item.append(box);
+  return box;
+}
+
+function sandboxParts(item, transcript) {
+  item.append(element("p", "part", "Code"), element("pre", "code", transcript.code));
+  cutNote(item, transcript.code_truncated);
+  if (!("stdout" in transcript)) {
+    item.append(element("p", "note", "The program did not finish: no output."));
+    return;
+  }
+  for (const name of ["stdout", "stderr"]) {
+    item.append(element("p", "part", name), element("pre", "stream " + name, transcript[name]));
+    cutNote(item, transcript[name + "_truncated"]);
+  }
+  const exit = element("p", "exit", "Exit code " + transcript.exit_code + " ");
+  exit.dataset.ok = String(transcript.exit_code === 0 && transcript.status === "completed");
+  exit.append(element("span", "note", "· " + transcript.status));
+  item.append(exit);
+}
+
+function transcriptItem(list, position, step) {
+  const item = element("li", "step");
+  item.dataset.kind = step.kind;
+  const head = element("div", "step-head");
+  const receipt = element("span", "step-receipt", step.receipt_id ? "Receipt " : "No receipt");
+  if (step.receipt_id) receipt.append(proofLink(step.receipt_id));
+  head.append(
+    element("span", "step-title",
+      "Step " + (position + 1) + " · " + step.kind + " · " + (step.model || step.runtime)),
+    receipt,
+  );
+  item.append(head);
+  const transcript = step.transcript;
+  if (!transcript) {
+    item.append(element("p", "note", "No transcript was kept for this step."));
+  } else if (step.kind === "model") {
+    for (const message of transcript.messages) {
+      messagePart(item, message.role, message.content, message.truncated);
+    }
+    const reply = transcript.reply;
+    if (reply) {
+      const box = messagePart(item, "assistant", reply.content, reply.truncated);
+      for (const call of reply.tool_calls) callPart(box, call);
+    }
+  } else {
+    sandboxParts(item, transcript);
+  }
+  if (step.error) item.append(element("p", "error-text", step.error.message || ""));
+  list.append(item);
+}
+
 function showSpent(run) {
   document.getElementById("run-spent").textContent = usd(run.spent);
   document.getElementById("run-budget").textContent = usd(run.budget);
@@ -387,11 +473,14 @@ async function followRun(section) {
   const api = section.dataset.api;
   const table = document.getElementById("run-steps");
   const live = document.getElementById("run-live");
+  const transcript = document.getElementById("run-transcript");
   let position = 0;
   try {
     const response = await fetch(api + "/events", { credentials: "same-origin" });
     if (!response.ok) throw new Error("The run's events could not be read.");
-    table.tBodies[0].textContent = ""; // the stream gives every step again, in order
+    // The stream gives every step again, in order.
+    table.tBodies[0].textContent = "";
+    transcript.textContent = "";
     await readEvents(response, (payload, name) => {
       const data = JSON.parse(payload);
       if (name === "step.started") {
@@ -399,6 +488,7 @@ async function followRun(section) {
           (data.model || data.runtime) + "…";
       } else if (name === "step") {
         stepRow(table, position, data);
+        transcriptItem(transcript, position, data);
         position += 1;
         live.textContent = "";
         callApi(api, "GET").then(showSpent).catch(() => {});
