@@ -41,7 +41,7 @@ CHUNKS = 50
 INTERVAL_MS = 20
 DELAY_MS = 300
 LOAD_CPU, TARGET_CPU = {0}, {1}
-GENERATOR_BUSY_PCT = 90  # above this, the generator (not the target) may be the limit
+GENERATOR_BUSY_PCT = 90  # the generator and the mock above this: they, not the target, may limit
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Sample:
     p50_ms: float = 0.0
     target_pct: float = 0.0  # of its core
     generator_pct: float = 0.0  # this process (generator) of its core
+    mock_pct: float = 0.0  # the mock upstream, on the generator's core
     peak_mib: float = 0.0
     errors: int = 0
     problem: str = ""
@@ -134,11 +135,13 @@ async def measure(target: Target, workload: Workload, args: argparse.Namespace) 
     ) as load:
         await asyncio.sleep(args.warmup)
         cpu0, own0, start = cpu_seconds(pid), own_cpu(), time.perf_counter()
+        mock0 = cpu_seconds(args.mock_pid)
         rss = [memory_kib(pid)]
         while time.perf_counter() - start < args.seconds:
             await asyncio.sleep(0.25)
             rss.append(memory_kib(pid))
         cpu1, own1, end = cpu_seconds(pid), own_cpu(), time.perf_counter()
+        mock1 = cpu_seconds(args.mock_pid)
     done = load.window(start, end)
     ok = [d for d in done if d.status == 200]
     if not ok:
@@ -151,6 +154,7 @@ async def measure(target: Target, workload: Workload, args: argparse.Namespace) 
     sample.p50_ms = _p50(ok, lambda d: d.total_s)
     sample.target_pct = (cpu1 - cpu0) * 100 / wall
     sample.generator_pct = (own1 - own0) * 100 / wall
+    sample.mock_pct = (mock1 - mock0) * 100 / wall
     sample.peak_mib = max(rss) / MIB
     sample.errors = len(done) - len(ok)
     return sample
@@ -177,7 +181,8 @@ async def rounds(
                     + (
                         f"{sample.rate:7.1f} {workload.unit}/s  CPU {sample.cpu_ms:.3f} ms  "
                         f"first {sample.first_p50_ms:.1f} ms  p50 {sample.p50_ms:.1f} ms  "
-                        f"core {sample.target_pct:.0f}%  generator {sample.generator_pct:.0f}%"
+                        f"core {sample.target_pct:.0f}%  generator {sample.generator_pct:.0f}%  "
+                        f"mock {sample.mock_pct:.0f}%"
                         + (f"  errors {sample.errors}" if sample.errors else "")
                         if not sample.problem
                         else f"failed: {sample.problem}"
@@ -267,7 +272,7 @@ def render(
         "rounds' ratios (x) or differences (ms) to bare in the same round.",
         "",
         "| workload | target | completed/s | CPU ms each | first event p50 ms "
-        "| p50 ms | target core % | generator core % | peak RSS MiB | errors |",
+        "| p50 ms | target core % | generator, mock core % | peak RSS MiB | errors |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload in workloads:
@@ -292,7 +297,7 @@ def render(
                 f"| {med('rate'):,.1f}{_x(_median(cell.rate_x))} "
                 f"| {med('cpu_ms'):.3f}{_x(_median(cell.cpu_x))} | {first} "
                 f"| {med('p50_ms'):.1f}{_plus(_median(cell.p50_plus))} "
-                f"| {med('target_pct'):.0f} | {med('generator_pct'):.0f} "
+                f"| {med('target_pct'):.0f} | {med('generator_pct'):.0f}, {med('mock_pct'):.0f} "
                 f"| {max(s.peak_mib for s in good):.1f} | {sum(s.errors for s in good)} |"
             )
     lines += ["", "| target | idle RSS MiB | version |", "|---|---:|---|"]
@@ -301,12 +306,12 @@ def render(
     busy = [
         f"{label} on {name}"
         for (label, name), cell in cells.items()
-        if any(s.generator_pct > GENERATOR_BUSY_PCT for s in cell.samples)
+        if any(s.generator_pct + s.mock_pct > GENERATOR_BUSY_PCT for s in cell.samples)
     ]
     if busy:
         lines += [
             "",
-            f"The generator used more than {GENERATOR_BUSY_PCT}% of its core in: "
+            f"The generator and the mock used more than {GENERATOR_BUSY_PCT}% of their core in: "
             + "; ".join(busy)
             + ". There it may have been the limit, not the target.",
         ]
@@ -457,6 +462,7 @@ async def bench(args: argparse.Namespace, folder: Path) -> str:
         "--interval-ms", str(INTERVAL_MS), "--delay-ms", str(DELAY_MS),
     )  # fmt: skip
     targets: list[Target] = []
+    args.mock_pid = mock.pid
     try:
         targets = start_targets(args, folder, mock.url + "/v1")
         if len(os.sched_getaffinity(0)) > 1:
