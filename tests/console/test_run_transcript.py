@@ -13,7 +13,14 @@ from html import escape
 import pytest
 
 from model_gateway.gateway.agents.transcript import TEXT_BYTES
-from tests.console.agents_support import events, gateway_with_node, start_run, tool_agent
+from tests.console.agents_support import (
+    SLOW,
+    events,
+    gateway_with_node,
+    start_run,
+    tool_agent,
+    wait_run,
+)
 
 NOISY = (
     "Run this:\n```python\nimport sys\n"
@@ -103,3 +110,22 @@ def test_output_past_the_bound_is_cut_and_flagged(owner, funded):
     html = _transcript_html(page)
     assert html.count("Cut at 64 KiB.") == 2
     assert '<pre class="stream stderr"></pre>' in html  # empty: shown as "(empty)" by CSS
+
+
+def test_a_cancelled_sandbox_step_keeps_its_program(owner, funded):
+    agent = tool_agent(owner, funded["id"])
+    run = start_run(owner, agent["id"], SLOW, "0.50")
+    for name, data in events(owner, agent["id"], run["id"]):
+        if name == "step.started" and data.get("runtime") == "python":  # the program runs
+            break
+    else:
+        raise AssertionError("no sandbox step started")
+    path = f"/console/api/agents/{agent['id']}/runs/{run['id']}"
+    assert owner.post(path + "/cancel").status_code == 200
+    shown = wait_run(owner, agent["id"], run["id"])
+    assert shown["status"] == "cancelled"
+    sandbox = shown["steps"][1]
+    assert sandbox["transcript"] == {"runtime": "python", "code": "import time\ntime.sleep(10)\n"}
+    page = owner.get(f"/console/agents/{agent['id']}/runs/{run['id']}").text
+    item = re.findall(r'<li class="step".*?</li>', _transcript_html(page), re.S)[1]
+    assert "The program did not finish: no output." in item and "Exit code" not in item
