@@ -171,6 +171,9 @@ def test_receipts_filters_travel_in_the_url(browser, gateway, tmp_path, width, h
     expect(rows).to_have_count(2)
     expect(page.get_by_label("Model", exact=True)).to_have_value("echo-1")
     _tabs_and_labels_read_well(w, "receipts")
+    if width > 600:  # a wide window shows every column (a phone shows each receipt as a card)
+        hidden = page.locator(".scroll").first.evaluate("e => e.scrollWidth - e.clientWidth")
+        assert hidden <= 0, f"the receipts table hides {hidden} px of its columns"
     w.shot("wave3-receipts-filtered")
     page.get_by_label("Key", exact=True).select_option(index=1)
     page.get_by_label("Model", exact=True).fill("org/echo-2")
