@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--scenario", choices=SCENARIOS, default="chat")
+    parser.add_argument("--delay-ms", default="0", help="the mock waits this long to answer")
     parser.add_argument("--gateway", type=Path, default=Path(sys.executable).with_name("gateway"))
     parser.add_argument("--gateway-b", type=Path, help="B's own `gateway` (another checkout)")
     parser.add_argument(
@@ -48,7 +49,7 @@ def main() -> None:
         folder = Path(tmp)
         body = folder / "chat.json"
         body.write_bytes(SCENARIOS[args.scenario].data)
-        mock = start_mock(folder)
+        mock = start_mock(folder, "--delay-ms", args.delay_ms)
         servers = [mock]
         try:
             targets = []
