@@ -212,7 +212,20 @@ def start_script(folder: Path, name: str, script: str, *args: str) -> Server:
 
 
 def start_targets(args: argparse.Namespace, folder: Path, upstream: str) -> list[Target]:
+    """Every target, started and pinned; those started are stopped if one fails."""
     servers: list[Target] = []
+    try:
+        _start_each(args, folder, upstream, servers)
+    except BaseException:
+        for target in reversed(servers):
+            target.server.stop()
+        raise
+    return servers
+
+
+def _start_each(
+    args: argparse.Namespace, folder: Path, upstream: str, servers: list[Target]
+) -> None:
     bare = start_script(folder, BARE, "baseline.py", "--upstream", upstream)
     servers.append(Target(BARE, bare, {}))
     gateways = [("gateway", args.gateway, True), ("gateway metering off", args.gateway, False)]
@@ -239,7 +252,6 @@ def start_targets(args: argparse.Namespace, folder: Path, upstream: str) -> list
         if len(os.sched_getaffinity(0)) > 1:
             pin(target.server.pid, TARGET_CPU)
         target.idle_mib = memory_kib(target.server.pid) / MIB
-    return servers
 
 
 # -- the report -----------------------------------------------------------------------------
