@@ -25,12 +25,14 @@ run: $(STAMP) system-deps
 # again, 0.3 s of a 1.0 s start.
 test: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q gateway pipeline storage tests
-	$(BIN)/pytest -q -n 3 --dist loadfile  # many tests wait on real processes: 3 workers on 2 cores
+	$(BIN)/pytest -q -n 3 --dist loadfile --durations=15  # many tests wait on real processes: 3 workers on 2 cores
 
 # The inner loop: everything but the suites that build the binary, drive a browser, run
 # several instances or sandboxed programs (CI runs `make test`, all of them).
 QUICK_SKIPS := tests/operations/test_single_binary.py tests/console/test_browser.py \
-	tests/console/test_agents_browser.py tests/scaleout tests/sandbox tests/sandbox_e2e
+	tests/console/test_agents_browser.py tests/console/test_sso_browser.py \
+	tests/console/test_console_wave3_browser.py tests/console/test_run_transcript_browser.py \
+	tests/scaleout tests/workers tests/sandbox tests/sandbox_e2e
 test-quick: $(STAMP)
 	$(BIN)/pytest -q -n 3 --dist loadfile $(addprefix --ignore=,$(QUICK_SKIPS))
 

@@ -3,10 +3,34 @@ from __future__ import annotations
 import signal
 
 import pytest
+from hypothesis import settings
 
 from tests.storage.backends import STORAGE_BACKENDS, in_ci, postgres_absent, postgres_database
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import REDIS_URL, delete_prefix, new_prefix, redis_absent
+
+# `make test` runs 3 test processes on 2 cores beside the gateways they start: how long
+# one example takes says nothing of the code there (a deadline only made CI flaky).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
+
+# With --dist loadfile a file runs whole on one worker, in collection order: the longest
+# start first, or the single binary's build (about 3 minutes) runs alone at the end.
+LONGEST_FIRST = (
+    "tests/operations/test_single_binary.py",
+    "tests/metering/test_ledger_state_machine.py",
+    "tests/metering/test_leases_state_machine.py",
+    "tests/sandbox/test_several_nodes.py",
+    "tests/inference/test_settle_failure.py",
+    "tests/console/test_browser.py",
+    "tests/console/test_agents_browser.py",
+    "tests/agents/test_budget_property.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def pytest_configure(config):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -29,6 +30,10 @@ from model_gateway.storage.base import KeyRecord
 
 MONTH = "2026-11"
 _ids = itertools.count()
+# This run's PostgreSQL database is shared by the worker's tests, and another file counts
+# its ids from 0 too (tests/storage/test_metering_conformance.py): ours carry a mark of
+# this process, or a receipt id may already be taken.
+_RUN = secrets.token_hex(3)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -47,12 +52,12 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def open_database(self, budget, limit, credit):
         n = next(_ids)
-        self.pid, self.kid, self.n = f"prj_m{n}", f"key_m{n}", n
+        self.pid, self.kid, self.n = f"prj_m{_RUN}{n}", f"key_m{_RUN}{n}", n
         project = ProjectRecord(id=self.pid, name="m", monthly_budget=budget)
         self.run(self.storage.create_project(project))
         key = KeyRecord(
             id=self.kid,
-            prefix=f"proj_live_m{n:08d}",
+            prefix=f"proj_live_m{_RUN}{n:06d}",
             key_hash=b"x",
             project_id=self.pid,
             scopes=frozenset({"inference"}),
@@ -101,7 +106,7 @@ class LedgerMachine(RuleBasedStateMachine):
             else None
         )
         reservation = ReservationRecord(
-            id=f"rsv_{next(_ids)}",
+            id=f"rsv_m{_RUN}{next(_ids)}",
             project_id=self.pid,
             key_id=self.kid,
             amount=amount,
@@ -127,7 +132,7 @@ class LedgerMachine(RuleBasedStateMachine):
         amount, _ = self.open[rid]
         cost = data.draw(st.integers(0, amount))
         receipt = ReceiptRecord(
-            id=f"rcpt_{next(_ids)}",
+            id=f"rcpt_m{_RUN}{next(_ids)}",
             reservation_id=rid,
             project_id=self.pid,
             key_id=self.kid,
@@ -148,7 +153,7 @@ class LedgerMachine(RuleBasedStateMachine):
         again = ReceiptRecord(
             **{
                 **{f: getattr(receipt, f) for f in receipt.__struct_fields__},
-                "id": f"rcpt_{next(_ids)}",
+                "id": f"rcpt_m{_RUN}{next(_ids)}",
             }
         )
         assert self.run(self.storage.settle(again)) is False
