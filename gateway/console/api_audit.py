@@ -64,14 +64,23 @@ async def audit_list(
     return page([audit_view(entry) for _, entry in rows], rows[-1][0] if more else None)
 
 
+async def audit_asked(
+    storage: AuditPort, call: Call
+) -> tuple[ListPage[AuditView], str | None, str | None]:
+    """The page of entries an owner's call asks for (the API's and the page's), with its
+    action and actor filters."""
+    require_owner(call.session_user)
+    limit = query_limit(call.query("limit"))
+    before = query_cursor(call.query("cursor"))
+    action, actor = audit_filters(call.query("action"), call.query("actor"))
+    return await audit_list(storage, limit, before, action, actor), action, actor
+
+
 def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
 
     async def audit(call: Call) -> Response:
-        require_owner(call.session_user)
-        limit = query_limit(call.query("limit"))
-        before = query_cursor(call.query("cursor"))
-        action, actor = audit_filters(call.query("action"), call.query("actor"))
-        return json_response(await audit_list(storage, limit, before, action, actor))
+        listed, _, _ = await audit_asked(storage, call)
+        return json_response(listed)
 
     return [route("GET", "/console/api/audit", SESSION, audit)]

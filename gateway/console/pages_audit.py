@@ -10,11 +10,9 @@ from urllib.parse import urlencode
 import orjson
 from starlette.responses import Response
 
-from model_gateway.gateway.console.api_audit import ACTIONS, audit_filters, audit_list
+from model_gateway.gateway.console.api_audit import ACTIONS, audit_asked
 from model_gateway.gateway.console.call import PAGE, Call, route
-from model_gateway.gateway.console.guard import require_owner
 from model_gateway.gateway.console.html import esc, field, page, short_time, table
-from model_gateway.gateway.console.payload import query_cursor, query_limit
 from model_gateway.pipeline.endpoint import Endpoint
 
 if TYPE_CHECKING:
@@ -56,11 +54,7 @@ def routes(console: Console) -> list[Endpoint]:
     storage = console.storage
 
     async def audit(call: Call) -> Response:
-        require_owner(call.session_user)
-        limit = query_limit(call.query("limit"))
-        before = query_cursor(call.query("cursor"))
-        action, actor = audit_filters(call.query("action"), call.query("actor"))
-        listed = await audit_list(storage, limit, before, action, actor)
+        listed, action, actor = await audit_asked(storage, call)
         body = (
             "<h1>Audit log</h1>"
             '<p class="note">Every change to projects, keys, users and money, and every'
