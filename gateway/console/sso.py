@@ -123,7 +123,7 @@ def _allowed_email(settings: OidcConfig, claims: dict[str, Any]) -> str:
         raise Forbidden("The identity provider has not verified your email address.")
     allowed = {d.lower().lstrip("@") for d in settings.allowed_email_domains}
     local, at, domain = email.rpartition("@")
-    if not (local and at) or (allowed and domain.lower() not in allowed):
+    if not local or not at or "@" in local or (allowed and domain.lower() not in allowed):
         raise Forbidden("Your email address's domain may not sign in to this console.")
     return email
 

@@ -85,15 +85,27 @@ class SharedGcra(Gcra):
         return 0 if found is None else drained(found[1], found[0], now, per_minute)
 
     def _move(self, buckets: Sequence[Take], now: int, sign: int) -> None:
-        for name, per_minute, units in buckets:
-            digest = _digest(name)
-            offset, found = self._find(digest, now)
-            if found is None:
-                at, level = now, 0
-            else:
-                at, level = max(found[0], now), drained(found[1], found[0], now, per_minute)
-            level = max(0, level + sign * units * 60_000)
-            _SLOT.pack_into(self._map, offset, digest, at, level, empty_at(at, level, per_minute))
+        """Every bucket moved, or none: two new buckets may find one free slot, and the
+        second then finds no room (TableFull) after the first was written, which is put
+        back, so that a refused take charges nothing."""
+        before: list[tuple[int, bytes]] = []  # each written slot as it was
+        try:
+            for name, per_minute, units in buckets:
+                digest = _digest(name)
+                offset, found = self._find(digest, now)
+                if found is None:
+                    at, level = now, 0
+                else:
+                    at, level = max(found[0], now), drained(found[1], found[0], now, per_minute)
+                level = max(0, level + sign * units * 60_000)
+                before.append((offset, self._map[offset : offset + SLOT]))
+                _SLOT.pack_into(
+                    self._map, offset, digest, at, level, empty_at(at, level, per_minute)
+                )
+        except TableFull:
+            for offset, slot in reversed(before):
+                self._map[offset : offset + SLOT] = slot
+            raise
 
     def _prune(self, now: int) -> None:
         """Nothing to prune: a bucket full again is a free slot."""

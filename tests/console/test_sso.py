@@ -216,6 +216,7 @@ def test_a_tampered_id_token_is_refused(sso_gateway, idp, tamper):
     [
         ("eve@example.org", True, "domain may not sign in"),
         ("eve@sub.example.com", True, "domain may not sign in"),
+        ("eve@evil.org@example.com", True, "domain may not sign in"),  # two @: not an address
         ("eve@example.com", False, "has not verified your email"),
     ],
 )
