@@ -33,8 +33,8 @@ from model_gateway.storage.ports import (
     LedgerPort,
     LifecyclePort,
     LogPort,
-    RateLimitPort,
 )
+from model_gateway.storage.rate_limit_port import RateLimitPort
 
 # Import strings, so that a driver is imported only when its backend is used.
 BACKENDS = {

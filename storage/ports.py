@@ -4,7 +4,7 @@ typed with the one it needs (a session store with `ConsolePort`, the log with `L
 `Storage` (storage/base.py) is their union, with the backend's life cycle; every backend
 implements all of them (storage/sqlite/, storage/postgres/: a module per domain). A
 backend may offer more, as a port of its own that `Storage` does not include
-(`RateLimitPort`: PostgreSQL only).
+(`RateLimitPort`, storage/rate_limit_port.py: PostgreSQL only).
 
 Every method is abstract but the agents' (see `AgentsPort`); the defaults some have are
 `Storage`'s.
@@ -589,30 +589,3 @@ class ClusterPort(Protocol):
     @abc.abstractmethod
     async def forget_instances(self, expired_for_ms: int) -> int:
         """Remove instances whose lease ended more than `expired_for_ms` ago; how many."""
-
-
-class RateLimitPort(Protocol):
-    """Rate-limit buckets shared by every instance (PostgreSQL only, migration 0018; not
-    part of `Storage`: gateway/ratelimit/limiters.py asks for it by name
-    (_shares_rate_limits)). Weighted GCRA, the rule of pipeline/gcra.py; buckets are
-    (name, units per minute, units) as `pipeline.ports.Take`."""
-
-    @abc.abstractmethod
-    async def take_rate_limits(
-        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
-    ) -> tuple[int, int]:
-        """Take the units from every bucket or from none, in one statement on the
-        database's clock (`at_us`: a given time instead, for tests): (0, -1), or (the whole
-        seconds to wait, the index of the bucket that waits longest)."""
-
-    @abc.abstractmethod
-    async def give_back_rate_limits(
-        self, buckets: list[tuple[str, int, int]], at_us: int | None = None
-    ) -> None:
-        """Give the units back to every bucket (never beyond full; negative units are
-        taken whatever the bucket holds), in one statement."""
-
-    @abc.abstractmethod
-    async def prune_rate_limits(self) -> int:
-        """Delete buckets that are full again (the same as no row); rows a request
-        holds are skipped, never waited for. Returns how many went."""

@@ -31,16 +31,16 @@ from collections.abc import Callable, Hashable
 import asyncpg  # type: ignore[import-untyped]  # ships no type information
 
 from model_gateway.storage.batching import Outcome
-from model_gateway.storage.ports import RateLimitPort
 from model_gateway.storage.postgres.connection import (
     Connection,
     PostgresBase,
     RateMove,
     Row,
     _failure,
+    batch_or_each,
 )
-from model_gateway.storage.postgres.ledger import _batch_or_each
 from model_gateway.storage.postgres.rows import _fields
+from model_gateway.storage.rate_limit_port import RateLimitPort
 from model_gateway.storage.records import InstanceRecord
 
 # The backend's one logger, as before its split into modules: model_gateway.storage.postgres.
@@ -208,7 +208,7 @@ class PostgresCluster(PostgresBase, RateLimitPort):
             )
             return list(zip(row["waits"], row["refused"], strict=True))
 
-        return await _batch_or_each(together, self._rate_move_one, batch)
+        return await batch_or_each(together, self._rate_move_one, batch)
 
     async def _rate_move_one(self, move: RateMove) -> tuple[int, int]:
         row = await self._run(

@@ -6,7 +6,7 @@ public coroutine method and calls `translate_error` here (our triggers' SQLSTATE
 GWR01, GWA01, GWC01 and the integrity classes get their meaning there). No method catches
 driver errors: `_on_connection` (module level) only reruns a deadlock or serialization
 failure, which committed nothing, and re-raises everything else unchanged; and
-`_batch_or_each` (module level, ledger.py) runs a failed batch's items alone, each error
+`batch_or_each` runs a failed batch's items alone, each error
 its own.
 """
 
@@ -61,6 +61,33 @@ _DRIVER_ERRORS: tuple[type[Exception], ...] = (
     ValueError,
     OverflowError,
 )
+
+
+B = TypeVar("B")  # an item of a batch
+O = TypeVar("O")  # noqa: E741 - an item's outcome
+
+
+async def batch_or_each(
+    together: Callable[[], Awaitable[list[Outcome[O]]]],
+    alone: Callable[[B], Awaitable[O]],
+    batch: list[B],
+) -> list[Outcome[O]]:
+    """A batch's outcomes; when one of its items raised (a refused hold: the statement
+    committed nothing), each item alone, its error its own outcome (the public method
+    that awaits it translates it). Any other failure is every item's. One item goes
+    alone at once."""
+    if len(batch) > 1:
+        try:
+            return await together()
+        except asyncpg.PostgresError:
+            pass
+    outcomes: list[Outcome[O]] = []
+    for item in batch:
+        try:
+            outcomes.append(await alone(item))
+        except _DRIVER_ERRORS as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 _MAX_BATCH = 64  # holds (or receipts) in one statement

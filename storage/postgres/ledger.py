@@ -17,18 +17,17 @@ raises commits nothing, and its items then run alone.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]  # ships no type information
 import msgspec
 import orjson
 
 from model_gateway.storage.batching import Outcome
 from model_gateway.storage.errors import PayerAddressTaken, RecordNotFound, StateConflict
 from model_gateway.storage.postgres.audit import PostgresAudit
-from model_gateway.storage.postgres.connection import _DRIVER_ERRORS, Connection, Row
+from model_gateway.storage.postgres.connection import Connection, Row, batch_or_each
 from model_gateway.storage.postgres.rows import _fields, _receipt
 from model_gateway.storage.records import (
     Account,
@@ -51,33 +50,6 @@ _CLASS_SUMS = ", ".join(
     f"COALESCE(SUM((r.usage ->> '{name}')::bigint), 0)::bigint AS {name}"
     for name in ("cached_input_tokens", "cache_write_tokens", "reasoning_tokens")
 )
-
-
-B = TypeVar("B")  # an item of a batch
-O = TypeVar("O")  # noqa: E741 - an item's outcome
-
-
-async def _batch_or_each(
-    together: Callable[[], Awaitable[list[Outcome[O]]]],
-    alone: Callable[[B], Awaitable[O]],
-    batch: list[B],
-) -> list[Outcome[O]]:
-    """A batch's outcomes; when one of its items raised (a refused hold: the statement
-    committed nothing), each item alone, its error its own outcome (the public method
-    that awaits it translates it). Any other failure is every item's. One item goes
-    alone at once."""
-    if len(batch) > 1:
-        try:
-            return await together()
-        except asyncpg.PostgresError:
-            pass
-    outcomes: list[Outcome[O]] = []
-    for item in batch:
-        try:
-            outcomes.append(await alone(item))
-        except _DRIVER_ERRORS as exc:
-            outcomes.append(exc)
-    return outcomes
 
 
 def _purchase(row: Row) -> PurchaseRecord:
@@ -116,7 +88,7 @@ class PostgresLedger(PostgresAudit):
             await self._many("gateway_reserve_many", batch)
             return [None] * len(batch)
 
-        return await _batch_or_each(together, self._reserve_one, batch)
+        return await batch_or_each(together, self._reserve_one, batch)
 
     async def _reserve_one(self, reservation: ReservationRecord) -> None:
         r = reservation
@@ -139,7 +111,7 @@ class PostgresLedger(PostgresAudit):
         async def together() -> list[Outcome[bool]]:
             return list(await self._many("gateway_settle_many", batch))
 
-        return await _batch_or_each(together, self._settle_one, batch)
+        return await batch_or_each(together, self._settle_one, batch)
 
     async def _settle_one(self, receipt: ReceiptRecord) -> bool:
         r = receipt
