@@ -305,6 +305,23 @@ class AuditEntry(msgspec.Struct, kw_only=True):
     request_id: str | None = None  # the console request that made it; None from the CLI
 
 
+# The position an audit listing starts below when no cursor is given (the largest BIGINT).
+AUDIT_NEWEST = 2**63 - 1
+
+
+def audit_entry(row: Any) -> tuple[int, AuditEntry]:
+    """A listed audit row (its `target` and `changes` as JSON text) as (position, entry)."""
+    return row["seq"], AuditEntry(
+        id=row["id"],
+        at=row["at"],
+        actor=row["actor"],
+        action=row["action"],
+        target=msgspec.json.decode(row["target"]),
+        changes=msgspec.json.decode(row["changes"]),
+        request_id=row["request_id"],
+    )
+
+
 def with_changes(audit: AuditEntry | None, **changes: object) -> AuditEntry | None:
     """The entry with what only its change's transaction decides (a new user's role)."""
     if audit is None:

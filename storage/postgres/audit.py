@@ -9,22 +9,8 @@ from __future__ import annotations
 
 import orjson
 
-from model_gateway.storage.postgres.connection import Connection, PostgresBase, Row
-from model_gateway.storage.records import AuditEntry
-
-_MAX_SEQ = 2**63 - 1
-
-
-def _entry(row: Row) -> tuple[int, AuditEntry]:
-    return row["seq"], AuditEntry(
-        id=row["id"],
-        at=row["at"],
-        actor=row["actor"],
-        action=row["action"],
-        target=orjson.loads(row["target"]),
-        changes=orjson.loads(row["changes"]),
-        request_id=row["request_id"],
-    )
+from model_gateway.storage.postgres.connection import Connection, PostgresBase
+from model_gateway.storage.records import AUDIT_NEWEST, AuditEntry, audit_entry
 
 
 class PostgresAudit(PostgresBase):
@@ -39,12 +25,12 @@ class PostgresAudit(PostgresBase):
         actor: str | None = None,
     ) -> list[tuple[int, AuditEntry]]:
         return await self._all(
-            _entry,
+            audit_entry,
             "SELECT seq, id, at, actor, action, target::text AS target,"
             " changes::text AS changes, request_id FROM audit_log"
             " WHERE seq < $1 AND ($2::text IS NULL OR action = $2)"
             " AND ($3::text IS NULL OR actor = $3) ORDER BY seq DESC LIMIT $4",
-            _MAX_SEQ if before is None else before,
+            AUDIT_NEWEST if before is None else before,
             action,
             actor,
             limit,

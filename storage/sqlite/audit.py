@@ -8,19 +8,16 @@ The domain classes whose changes are audited (accounts, ledger, console) build o
 
 from __future__ import annotations
 
-import sqlite3
-
 import aiosqlite
 import orjson
 
-from model_gateway.storage.records import AuditEntry
+from model_gateway.storage.records import AUDIT_NEWEST, AuditEntry, audit_entry
 from model_gateway.storage.sqlite.connection import SQLiteBase
 
 _INSERT = (
     "INSERT INTO audit_log (id, at, actor, action, target, changes, request_id)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
-_MAX_SEQ = 2**63 - 1
 
 
 def _row(entry: AuditEntry) -> tuple[object, ...]:
@@ -32,18 +29,6 @@ def _row(entry: AuditEntry) -> tuple[object, ...]:
         orjson.dumps(entry.target).decode(),
         orjson.dumps(entry.changes).decode(),
         entry.request_id,
-    )
-
-
-def _entry(row: sqlite3.Row) -> tuple[int, AuditEntry]:
-    return row["seq"], AuditEntry(
-        id=row["id"],
-        at=row["at"],
-        actor=row["actor"],
-        action=row["action"],
-        target=orjson.loads(row["target"]),
-        changes=orjson.loads(row["changes"]),
-        request_id=row["request_id"],
     )
 
 
@@ -59,10 +44,10 @@ class SQLiteAudit(SQLiteBase):
         actor: str | None = None,
     ) -> list[tuple[int, AuditEntry]]:
         return await self._all(
-            _entry,
+            audit_entry,
             "SELECT * FROM audit_log WHERE seq < ? AND (? IS NULL OR action = ?)"
             " AND (? IS NULL OR actor = ?) ORDER BY seq DESC LIMIT ?",
-            (_MAX_SEQ if before is None else before, action, action, actor, actor, limit),
+            (AUDIT_NEWEST if before is None else before, action, action, actor, actor, limit),
         )
 
     @staticmethod
