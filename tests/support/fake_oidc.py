@@ -13,14 +13,12 @@ key, which the JWKS then serves instead).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import html
 import json
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +28,8 @@ import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from tests.support.threaded_site import ThreadedSite
 
 TAMPERINGS = (
     "bad-signature",  # signed by a key the JWKS does not hold, under the served key's id
@@ -100,42 +100,22 @@ class FakeIdentityProvider:
     # -- the server -------------------------------------------------------------------
 
     def start(self) -> FakeIdentityProvider:
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
-        async def serve() -> None:
-            app = web.Application()
-            app.add_routes(
-                [
-                    web.get("/.well-known/openid-configuration", self._discovery),
-                    web.get("/jwks", self._jwks),
-                    web.get("/authorize", self._authorize),
-                    web.post("/token", self._token),
-                ]
-            )
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake identity provider did not start")
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/.well-known/openid-configuration", self._discovery),
+                web.get("/jwks", self._jwks),
+                web.get("/authorize", self._authorize),
+                web.post("/token", self._token),
+            ]
+        )
+        self._site = ThreadedSite(app, "fake identity provider")
+        self.port = self._site.start()
         self.url = f"http://{self.host}:{self.port}"
         return self
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._site.stop()
 
     def __enter__(self) -> FakeIdentityProvider:
         return self.start()

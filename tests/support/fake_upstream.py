@@ -49,12 +49,13 @@ Hanging answers record the moment the gateway closed the connection in `disconne
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
+
+from tests.support.threaded_site import ThreadedSite
 
 REUSED = web.RequestKey("reused", bool)
 SECRET = "UPSTREAM-BODY-SECRET-5d1c7e"  # in every upstream error body: must never leak
@@ -116,36 +117,15 @@ class FakeUpstream:
         raise NotImplementedError
 
     def start(self) -> FakeUpstream:
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
-        async def serve() -> None:
-            app = web.Application()
-            app.add_routes(self.routes())
-            self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake upstream did not start")
+        app = web.Application()
+        app.add_routes(self.routes())
+        self._site = ThreadedSite(app, "fake upstream", handler_cancellation=True)
+        self.port = self._site.start()
         self.url = f"http://127.0.0.1:{self.port}"
         return self
 
     def stop(self) -> None:
-        future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-        future.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._site.stop()
 
     def __enter__(self) -> FakeUpstream:
         return self.start()
